@@ -1,0 +1,17 @@
+"""dynatree: exact tree-based speculative decoding for unmodified HuggingFace causal LMs."""
+
+from .engine import generate
+from .errors import DynaTreeError
+from .policies import STRATEGIES, make_policy
+from .stats import GenerationResult, GenerationStats, RoundStats
+
+__all__ = [
+    "STRATEGIES",
+    "DynaTreeError",
+    "GenerationResult",
+    "GenerationStats",
+    "RoundStats",
+    "generate",
+    "make_policy",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,267 @@
+"""The decoding loop: prefill, then rounds of draft -> verify -> accept -> commit -> observe.
+
+State between rounds: both caches hold every committed token except the last one (the *root*),
+which the next round feeds to the target together with the drafted tree. So each round costs one
+target forward, whatever the tree's size, and no committed token is ever run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .cache import cache_length, compact, new_cache
+from .draft import Drafter
+from .errors import DynaTreeError
+from .policies import DraftPolicy, RoundFeedback, make_policy
+from .stats import GenerationResult, GenerationStats, RoundStats
+from .tree import TreeBuilder
+from .verify import greedy_accept, tree_forward
+
+
+def generate(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    input_ids: torch.Tensor | Sequence[int],
+    strategy: str | DraftPolicy = "dynatree",
+    max_new_tokens: int = 128,
+    eos_token_id: int | Sequence[int] | None = None,
+    *,
+    temperature: float = 0.0,
+    truncate_prompt: bool = False,
+    allow_vocab_mismatch: bool = False,
+    **strategy_options: Any,
+) -> GenerationResult:
+    """Generate with tree speculative decoding; greedy output equals the target's own greedy output.
+
+    Args:
+        target: any HF causal LM (GPTNeoX/Pythia, Llama, Qwen2, GPT-2, ...), unmodified.
+        draft: a causal LM over the same vocabulary; may be None for ``"autoregressive"``.
+        input_ids: one prompt, ``[1, L]`` or ``[L]`` (batch size 1 only).
+        strategy: ``"autoregressive"``, ``"linear"``, ``"fixed"``, ``"dynatree"`` or a policy object.
+        max_new_tokens: tokens to generate at most (the last round is truncated exactly).
+        eos_token_id: stop after this token (or any of these). None uses the target's
+            ``generation_config.eos_token_id``, as HF ``generate`` does; ``[]`` never stops early.
+        temperature: 0 for greedy (the only mode of this engine so far).
+        truncate_prompt: left-truncate a prompt that would run past the models' maximum positions.
+        allow_vocab_mismatch: skip the draft/target vocabulary-size check (draft logits are cut to
+            the target's vocabulary).
+        **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
+    """
+    policy = make_policy(strategy, **strategy_options)
+    if temperature != 0.0:
+        raise DynaTreeError("temperature > 0 (sampling) is not supported yet; use temperature=0")
+    prompt = _check_prompt(input_ids, target)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if policy.uses_draft and draft is None:
+        raise DynaTreeError(f"strategy '{policy.name}' needs a draft model (draft=None)")
+    vocab = _vocab_size(target)
+    if policy.uses_draft:
+        _check_vocab(target, draft, allow_vocab_mismatch)
+    models = [target] + ([draft] if policy.uses_draft else [])
+    prompt = _fit_positions(prompt, max_new_tokens, policy.max_depth(), models, truncate_prompt)
+    stop = _eos_set(target, eos_token_id)
+
+    with torch.inference_mode(), _eval_mode(models):
+        return _decode(target, draft if policy.uses_draft else None, prompt, policy, max_new_tokens, stop, vocab)
+
+
+def _decode(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    prompt: list[int],
+    policy: DraftPolicy,
+    max_new_tokens: int,
+    stop: set[int],
+    vocab: int,
+) -> GenerationResult:
+    device = next(target.parameters()).device
+    clock = _Clock(device)
+    stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
+    policy.reset()
+    start = clock()
+
+    # 0. Prefill: cache every prompt token but the last, which becomes the first round's root.
+    cache = new_cache(target)
+    if len(prompt) > 1:
+        target(
+            input_ids=torch.tensor([prompt[:-1]], device=device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    drafter = Drafter(draft, vocab) if draft is not None else None
+    if drafter is not None:
+        drafter.prefill(prompt)
+    stats.t_prefill = clock() - start
+
+    out: list[int] = []
+    root = prompt[-1]
+    while len(out) < max_new_tokens:
+        t0 = clock()
+        # 1. Draft: the policy grows a tree under the root, one draft call per level.
+        builder = TreeBuilder(root)
+        if drafter is not None:
+            policy.build(builder, drafter, drafter.begin_round(builder))
+        tree = builder.freeze()
+        t1 = clock()
+        # 2. Verify: ONE target forward over the root and every drafted node.
+        prefix = cache_length(cache)
+        logits = tree_forward(target, cache, tree)
+        t2 = clock()
+        # 3. Accept: longest path the target agrees with, plus its bonus token.
+        path, bonus = greedy_accept(tree, logits[:, :vocab])
+        # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
+        compact(cache, prefix, [prefix + i for i in [0, *path]])
+        if drafter is not None:
+            drafter.commit(path, bonus)
+        new = tree.tokens[path].tolist() + [bonus]
+        new = _truncate(new, max_new_tokens - len(out), stop)
+        out += new
+        root = bonus
+        t3 = clock()
+        if not stats.rounds:
+            stats.ttft = t3 - start
+        # 5. Observe: per-round statistics and history adaptation.
+        accepted = min(len(path), len(new))
+        stats.rounds.append(
+            RoundStats(
+                committed=len(new),
+                accepted=accepted,
+                drafted=tree.num_drafted,
+                depth=tree.max_depth,
+                draft_calls=drafter.calls if drafter is not None else 0,
+                t_draft=t1 - t0,
+                t_verify=t2 - t1,
+                t_commit=t3 - t2,
+                policy_state=policy.state(),
+            )
+        )
+        policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path)))
+        if new[-1] in stop:
+            break
+
+    stats.new_tokens = len(out)
+    stats.t_total = clock() - start
+    sequences = torch.tensor([prompt + out], dtype=torch.long)
+    return GenerationResult(sequences=sequences, stats=stats)
+
+
+def _truncate(new: list[int], room: int, stop: set[int]) -> list[int]:
+    """Cut a round's tokens at the first stop token (kept, as HF does) and at the token budget."""
+    new = new[:room]
+    for i, tok in enumerate(new):
+        if tok in stop:
+            return new[: i + 1]
+    return new
+
+
+# ----------------------------------------------------------------------------- validation
+def _check_prompt(input_ids: torch.Tensor | Sequence[int], target: torch.nn.Module) -> list[int]:
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise DynaTreeError(
+                f"batch size {ids.shape[0]} > 1 is not supported yet; call generate once per prompt"
+            )
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise DynaTreeError(f"input_ids must be [1, L] or [L], got shape {tuple(torch.as_tensor(input_ids).shape)}")
+    if ids.numel() == 0:
+        raise DynaTreeError("empty prompt: input_ids has no tokens")
+    if ids.dtype.is_floating_point:
+        raise DynaTreeError("input_ids must be integer token ids")
+    vocab = _vocab_size(target)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        raise DynaTreeError(f"token id {hi if hi >= vocab else lo} out of range for the target vocabulary (size {vocab})")
+    return ids.tolist()
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None and hasattr(out, "weight"):
+        return int(out.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def _check_vocab(target: torch.nn.Module, draft: torch.nn.Module, allow: bool) -> None:
+    vt, vd = int(target.config.vocab_size), int(draft.config.vocab_size)
+    if vt != vd and not allow:
+        raise DynaTreeError(
+            f"draft vocabulary ({vd} tokens) differs from the target's ({vt}); the models must share a "
+            "tokenizer (pass allow_vocab_mismatch=True / --allow-vocab-mismatch if you know the ids agree)"
+        )
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _fit_positions(
+    prompt: list[int], max_new_tokens: int, depth: int, models: list[torch.nn.Module], truncate: bool
+) -> list[int]:
+    """Refuse (or left-truncate) a run whose positions would exceed a model's maximum."""
+    need_extra = max_new_tokens + depth
+    for model in models:
+        limit = max_positions(model)
+        if limit is None:
+            continue
+        need = len(prompt) + need_extra
+        if need <= limit:
+            continue
+        if truncate and need_extra < limit:
+            prompt = prompt[len(prompt) - (limit - need_extra) :]
+            continue
+        hint = "" if truncate else "; pass truncate_prompt=True (--truncate-prompt) to keep the last tokens of the prompt"
+        raise DynaTreeError(
+            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + tree depth ({depth}) = {need} "
+            f"positions exceeds {type(model).__name__}'s maximum of {limit} by {need - limit}{hint}"
+        )
+    return prompt
+
+
+def _eos_set(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) -> set[int]:
+    if eos_token_id is None:
+        gen = getattr(target, "generation_config", None)
+        eos_token_id = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos_token_id is None:
+            return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(t) for t in eos_token_id}
+
+
+@contextlib.contextmanager
+def _eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
+    """Dropout would make verification random: run in eval mode, restore the caller's mode after."""
+    was = [m.training for m in models]
+    for m in models:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, w in zip(models, was):
+            m.train(w)
+
+
+class _Clock:
+    """Wall clock that waits for queued GPU work, so per-phase times are real."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()

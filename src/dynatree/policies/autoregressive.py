@@ -1,0 +1,33 @@
+"""Autoregressive baseline: an empty tree, so each round verifies the root alone.
+
+It runs through the same engine, caches and timers as every speculative strategy, which makes the
+speedups in a benchmark a like-for-like comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..draft import Drafter
+from ..tree import TreeBuilder
+from .base import DraftPolicy
+
+
+@dataclass(frozen=True)
+class AutoregressiveConfig:
+    """No options."""
+
+
+class Autoregressive(DraftPolicy):
+    name: ClassVar[str] = "autoregressive"
+    Config = AutoregressiveConfig
+    uses_draft: ClassVar[bool] = False
+
+    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+        return None
+
+    def max_depth(self) -> int:
+        return 0

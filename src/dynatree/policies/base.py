@@ -1,0 +1,103 @@
+"""The drafting-policy interface shared by every strategy.
+
+A policy only decides which nodes to add to the tree (calling the drafter for the draft
+distributions it needs); it never touches a KV cache or the target. The engine owns everything
+else, so every strategy, the autoregressive baseline included, runs through the same loop and the
+same timers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+from ..draft import Drafter
+from ..errors import DynaTreeError
+from ..tree import TreeBuilder
+
+
+def check(ok: bool, field: str, allowed: str, value: Any) -> None:
+    """Raise a one-line error naming the config field, its allowed range and the bad value."""
+    if not ok:
+        raise DynaTreeError(f"invalid {field}={value!r}: must be {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundFeedback:
+    """What a policy may learn from a finished round (for history adaptation)."""
+
+    drafted: int  # drafted nodes in the tree (root excluded)
+    accepted: int  # drafted nodes on the accepted path
+
+
+class DraftPolicy(ABC):
+    """Grows a token tree for one round. Subclasses set ``name`` and ``Config``."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    uses_draft: ClassVar[bool] = True
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "DraftPolicy":
+        fields = {f.name for f in dataclasses.fields(cls.Config)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise DynaTreeError(
+                f"unknown option(s) {', '.join(unknown)} for strategy '{cls.name}'; "
+                f"valid: {', '.join(sorted(fields)) or '(none)'}"
+            )
+        return cls(cls.Config(**options))
+
+    def reset(self) -> None:
+        """Forget per-generation state (history); called at the start of every generate()."""
+
+    @abstractmethod
+    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+        """Add drafted nodes to ``tree`` (whose node 0 is the root).
+
+        ``root_logits`` are the draft's logits for the root's children, already computed by the
+        engine's first draft call of the round; further levels come from ``drafter.forward(nodes)``.
+        """
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        """Called after every round with that round's outcome."""
+
+    @abstractmethod
+    def max_depth(self) -> int:
+        """Upper bound on the drafted depth, so the engine can check positions before running."""
+
+    def state(self) -> dict[str, float]:
+        """Adaptive parameters worth logging per round (empty for static policies)."""
+        return {}
+
+
+def add_top_children(
+    tree: TreeBuilder,
+    parent: int,
+    logp: torch.Tensor,
+    breadth: int,
+    budget: int,
+    min_cum_logp: float | None = None,
+) -> list[int]:
+    """Add the top-``breadth`` draft tokens as children of ``parent``, in descending probability.
+
+    Stops once the tree holds ``budget`` drafted nodes. With ``min_cum_logp`` set, children whose
+    path log-probability falls below it are not added at all ("drop" pruning). Returns the new
+    node indices.
+    """
+    values, tokens = torch.topk(logp, breadth)
+    added = []
+    base = tree.cum_logq[parent]
+    for lp, tok in zip(values.tolist(), tokens.tolist()):
+        if len(tree) - 1 >= budget:
+            break
+        if min_cum_logp is not None and base + lp < min_cum_logp:
+            break  # descending order: every later sibling is below the threshold too
+        added.append(tree.add(parent, tok, lp))
+    return added

@@ -1,0 +1,150 @@
+"""DynaTree: confidence-aware breadth, probability-gated depth, history adaptation (seeds 000/001).
+
+Per round (S0/S1 Alg. 1, expanded breadth-first, one draft call per level):
+
+* root u_0 = the draft's top-1 token (seed-faithful; ``root_branching=True`` branches there too);
+* a frontier node u with path probability p(u) and seed depth d(u) (u_0 has d = 0) is expanded iff
+  p(u) >= tau, d(u) < D_max, p(u) >= rho_stop and (d(u) < D_0 or p(u) >= rho_deep), while the tree
+  holds fewer than N_max drafted nodes (S0 Alg. 1 lines 14-25);
+* breadth from the draft's confidence c(u) = max softmax at u: B_min if c >= tau_h, B_max if
+  c < tau_l, else B_mid (line 27); children are the top-B tokens, added until N_max (line 28);
+* history (S0 §3.4): a_r = accepted / drafted nodes of round r, averaged over the last W rounds
+  (ā); then D_0 <- clip(D_0 + eta_D (ā - a*), 1, D_max - 1) and tau_h <- clip(tau_h - eta_h (ā - a*)).
+
+Decisions the seeds leave open (DESIGN.md): D_0 is kept as a real number and rounded when gating;
+tau_l moves with tau_h (same shift, kept below it); history starts afresh at every generate() call;
+adaptation starts once W rounds have been seen. Defaults for values the seeds never give (B_mid,
+rho_stop, rho_deep, tau, N_max, W, a*, eta) are provisional until the sweep in ``benchmarks/``.
+
+Level batching: gating depends only on a node's own depth and path probability, so all nodes of a
+level that pass it are expanded in one draft call; capping that list at the remaining budget makes
+the tree identical to the seed's one-node-at-a-time FIFO loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..draft import Drafter
+from ..tree import TreeBuilder
+from .base import DraftPolicy, RoundFeedback, add_top_children, check
+
+
+@dataclass(frozen=True)
+class DynaTreeConfig:
+    """Every DynaTree knob. Seed values: B=(1,·,3), tau_h=0.9, tau_l=0.4, D_0=5, D_max=8."""
+
+    b_min: int = 1
+    b_mid: int = 2
+    b_max: int = 3
+    tau_h: float = 0.9
+    tau_l: float = 0.4
+    d0: int = 5
+    d_max: int = 8
+    rho_stop: float = 0.05
+    rho_deep: float = 0.3
+    tau: float = 0.02
+    max_nodes: int = 64
+    history: bool = True
+    window: int = 8
+    target_accept: float = 0.35
+    eta_d: float = 2.0
+    eta_h: float = 0.2
+    adaptive_breadth: bool = True
+    adaptive_depth: bool = True
+    root_branching: bool = False
+
+    def __post_init__(self) -> None:
+        ints = {"b_min": self.b_min, "b_mid": self.b_mid, "b_max": self.b_max, "d0": self.d0, "d_max": self.d_max}
+        for name, v in ints.items():
+            check(isinstance(v, int) and 1 <= v <= 64, name, "an integer in [1, 64]", v)
+        check(self.b_min <= self.b_mid <= self.b_max, "b_mid", f"between b_min={self.b_min} and b_max={self.b_max}", self.b_mid)
+        check(0.0 < self.tau_h < 1.0, "tau_h", "in (0, 1)", self.tau_h)
+        check(0.0 < self.tau_l < self.tau_h, "tau_l", f"in (0, tau_h={self.tau_h})", self.tau_l)
+        check(self.d0 < self.d_max, "d0", f"less than d_max={self.d_max}", self.d0)
+        check(0.0 < self.rho_deep < 1.0, "rho_deep", "in (0, 1)", self.rho_deep)
+        check(0.0 < self.rho_stop < self.rho_deep, "rho_stop", f"in (0, rho_deep={self.rho_deep})", self.rho_stop)
+        check(0.0 <= self.tau < 1.0, "tau", "in [0, 1)", self.tau)
+        check(isinstance(self.max_nodes, int) and 1 <= self.max_nodes <= 4096, "max_nodes", "an integer in [1, 4096]", self.max_nodes)
+        check(isinstance(self.window, int) and self.window >= 1, "window", "an integer >= 1", self.window)
+        check(0.0 < self.target_accept < 1.0, "target_accept", "in (0, 1)", self.target_accept)
+        check(self.eta_d >= 0.0, "eta_d", ">= 0", self.eta_d)
+        check(self.eta_h >= 0.0, "eta_h", ">= 0", self.eta_h)
+
+
+class DynaTree(DraftPolicy):
+    name: ClassVar[str] = "dynatree"
+    Config = DynaTreeConfig
+
+    def __init__(self, config: DynaTreeConfig) -> None:
+        super().__init__(config)
+        self.reset()
+
+    def reset(self) -> None:
+        cfg = self.config
+        self.d0 = float(cfg.d0)
+        self.tau_h = cfg.tau_h
+        self.tau_l = cfg.tau_l
+        self._window: deque[float] = deque(maxlen=cfg.window)
+
+    # ------------------------------------------------------------------------------ drafting
+    def breadth(self, confidence: float) -> int:
+        cfg = self.config
+        if not cfg.adaptive_breadth:
+            return cfg.b_mid
+        if confidence >= self.tau_h:
+            return cfg.b_min
+        if confidence < self.tau_l:
+            return cfg.b_max
+        return cfg.b_mid
+
+    def expandable(self, depth: int, cum_logq: float) -> bool:
+        """The seed's gate for a node at tree depth ``depth`` (u_0 has depth 1 here, 0 in the seed)."""
+        cfg = self.config
+        d, p = depth - 1, math.exp(cum_logq)
+        if p < cfg.tau:
+            return False
+        if not cfg.adaptive_depth:
+            return d < round(self.d0)
+        return d < cfg.d_max and p >= cfg.rho_stop and (d < round(self.d0) or p >= cfg.rho_deep)
+
+    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+        cfg = self.config
+        logp = torch.log_softmax(root_logits, -1)
+        root_b = self.breadth(float(logp.max().exp())) if cfg.root_branching else 1
+        frontier = add_top_children(tree, 0, logp, root_b, cfg.max_nodes)
+        while frontier:
+            room = cfg.max_nodes - (len(tree) - 1)
+            expand = [u for u in frontier if self.expandable(tree.depth[u], tree.cum_logq[u])][:room]
+            if not expand:
+                break
+            logps = torch.log_softmax(drafter.forward(expand), -1)
+            confidence = logps.max(-1).values.exp().tolist()
+            frontier = []
+            for u, row, c in zip(expand, logps, confidence):
+                frontier += add_top_children(tree, u, row, self.breadth(c), cfg.max_nodes)
+
+    def max_depth(self) -> int:
+        # u_0 plus up to D_max expansions (the seed gate is d(u) < D_max with d(u_0) = 0).
+        return self.config.d_max + 1
+
+    # ------------------------------------------------------------------------------- history
+    def observe(self, feedback: RoundFeedback) -> None:
+        cfg = self.config
+        if not cfg.history or feedback.drafted == 0:
+            return
+        self._window.append(feedback.accepted / feedback.drafted)
+        if len(self._window) < cfg.window:
+            return
+        err = sum(self._window) / len(self._window) - cfg.target_accept
+        self.d0 = min(max(self.d0 + cfg.eta_d * err, 1.0), cfg.d_max - 1.0)
+        self.tau_h = min(max(self.tau_h - cfg.eta_h * err, 0.02), 0.99)
+        self.tau_l = min(max(cfg.tau_l + (self.tau_h - cfg.tau_h), 0.01), self.tau_h - 0.01)
+
+    def state(self) -> dict[str, float]:
+        return {"d0": self.d0, "tau_h": self.tau_h, "tau_l": self.tau_l}

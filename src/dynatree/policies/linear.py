@@ -1,0 +1,39 @@
+"""Linear speculative decoding: a greedy chain of K draft tokens (seeds' "Linear" baseline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..draft import Drafter
+from ..tree import TreeBuilder
+from .base import DraftPolicy, check
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """k: draft tokens per round (seeds: K = 5, 6, 7 or 8)."""
+
+    k: int = 5
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.k, int) and 1 <= self.k <= 256, "k", "an integer in [1, 256]", self.k)
+
+
+class Linear(DraftPolicy):
+    name: ClassVar[str] = "linear"
+    Config = LinearConfig
+
+    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+        logp = torch.log_softmax(root_logits, -1)
+        node = 0
+        for i in range(self.config.k):
+            tok = int(logp.argmax())
+            node = tree.add(node, tok, float(logp[tok]))
+            if i + 1 < self.config.k:  # the last token's own prediction is never needed
+                logp = torch.log_softmax(drafter.forward([node])[0], -1)
+
+    def max_depth(self) -> int:
+        return self.config.k

@@ -1,0 +1,170 @@
+"""The token tree: flat tensors in creation (BFS) order, and everything derived from them.
+
+Node 0 is always the *root*: the last committed token, whose key/value rows are not in the
+target's cache yet (the previous round only decided it). Putting it in the tree means the target
+verifies the tree and produces the root's own KV rows in the same single forward pass, so no
+committed token is ever run through the target twice. Drafted nodes are 1..n-1.
+
+Invariants (checked by :func:`validate`):
+    parent[0] == -1, depth[0] == 0, and for i >= 1: 0 <= parent[i] < i, depth[i] = depth[parent[i]] + 1.
+Ancestors always come before descendants, which is what lets every derived quantity be computed
+level by level instead of node by node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """A token tree as flat tensors (all on CPU, length n = 1 + number of drafted nodes).
+
+    tokens:   token id of each node (node 0 = last committed token).
+    parent:   index of the parent node, -1 for the root.
+    depth:    distance from the root (root 0, first drafted level 1).
+    logq:     draft log-probability of the node given its parent's context (0 for the root).
+    cum_logq: sum of logq along the root-to-node path (log of the path probability under the draft).
+    """
+
+    tokens: torch.Tensor
+    parent: torch.Tensor
+    depth: torch.Tensor
+    logq: torch.Tensor
+    cum_logq: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def num_drafted(self) -> int:
+        return self.size - 1
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max()) if self.size else 0
+
+
+class TreeBuilder:
+    """Mutable, append-only tree used by drafting policies; frozen into a :class:`TokenTree`.
+
+    Python lists rather than tensors because policies add a handful of nodes per draft call and
+    tensor appends would cost more than the arithmetic they store.
+    """
+
+    def __init__(self, root_token: int) -> None:
+        self.tokens: list[int] = [int(root_token)]
+        self.parent: list[int] = [-1]
+        self.depth: list[int] = [0]
+        self.logq: list[float] = [0.0]
+        self.cum_logq: list[float] = [0.0]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, logq: float) -> int:
+        """Append a child of ``parent``; returns the new node's index."""
+        self.tokens.append(int(token))
+        self.parent.append(int(parent))
+        self.depth.append(self.depth[parent] + 1)
+        self.logq.append(float(logq))
+        self.cum_logq.append(self.cum_logq[parent] + float(logq))
+        return len(self.tokens) - 1
+
+    def freeze(self) -> TokenTree:
+        return TokenTree(
+            tokens=torch.tensor(self.tokens, dtype=torch.long),
+            parent=torch.tensor(self.parent, dtype=torch.long),
+            depth=torch.tensor(self.depth, dtype=torch.long),
+            logq=torch.tensor(self.logq, dtype=torch.float32),
+            cum_logq=torch.tensor(self.cum_logq, dtype=torch.float32),
+        )
+
+
+def validate(tree: TokenTree) -> None:
+    """Raise ValueError if the tree breaks the ordering invariants the derived functions rely on."""
+    n = tree.size
+    if n == 0 or int(tree.parent[0]) != -1 or int(tree.depth[0]) != 0:
+        raise ValueError("tree must start with a root node (parent -1, depth 0)")
+    if n > 1:
+        p = tree.parent[1:]
+        idx = torch.arange(1, n)
+        if bool((p < 0).any()) or bool((p >= idx).any()):
+            raise ValueError("every non-root node's parent must precede it")
+        if not torch.equal(tree.depth[1:], tree.depth[p] + 1):
+            raise ValueError("depth must be parent's depth + 1")
+
+
+def ancestor_matrix(parent: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """``anc[i, j]`` is True iff node j is node i itself or one of its ancestors.
+
+    Computed one depth level at a time (a node's row is its parent's row plus itself), so the cost
+    is O(depth) tensor ops rather than O(n) Python steps.
+    """
+    n = parent.numel()
+    anc = torch.eye(n, dtype=torch.bool)
+    for d in range(1, int(depth.max()) + 1 if n else 0):
+        nodes = (depth == d).nonzero().flatten()
+        anc[nodes] |= anc[parent[nodes]]
+    return anc
+
+
+def attention_mask(
+    anc_rows: torch.Tensor, prefix_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Additive 4D mask ``[1, 1, q, prefix_len + k]`` from a boolean ``[q, k]`` ancestor block.
+
+    Every query sees the whole cached prefix plus the tree keys marked True. Masked entries use
+    ``finfo.min`` rather than ``-inf`` so a fully masked row (never produced here, but cheap to
+    guard) cannot turn softmax into NaN. Float masks work for both SDPA and eager attention.
+    """
+    q, k = anc_rows.shape
+    mask = torch.zeros(q, prefix_len + k, dtype=dtype)
+    mask[:, prefix_len:].masked_fill_(~anc_rows, torch.finfo(dtype).min)
+    return mask.view(1, 1, q, prefix_len + k).to(device)
+
+
+def position_ids(depth: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """Positions ``prefix_len + depth`` ([1, n]): a node sits where it would in its own sequence.
+
+    Using the flattened (BFS) index instead is the classic tree-decoding bug: siblings would get
+    different rotary/learned positions and the target would no longer see the same context.
+    """
+    return (depth + prefix_len).view(1, -1)
+
+
+def path_to(parent: torch.Tensor, node: int) -> list[int]:
+    """Node indices from the root to ``node`` inclusive."""
+    path = []
+    while node != -1:
+        path.append(node)
+        node = int(parent[node])
+    return path[::-1]
+
+
+def children_lists(parent: torch.Tensor) -> list[list[int]]:
+    """Children of every node, in creation order (which is sibling sampling order for DySpec)."""
+    kids: list[list[int]] = [[] for _ in range(parent.numel())]
+    for i, p in enumerate(parent.tolist()):
+        if p >= 0:
+            kids[p].append(i)
+    return kids
+
+
+def dfs_order(parent: torch.Tensor) -> torch.Tensor:
+    """Pre-order depth-first permutation (children in creation order).
+
+    Used to make the tree mask block-sparse-friendly (DySpec App. C): in DFS order every subtree is
+    a contiguous range of rows/columns.
+    """
+    kids = children_lists(parent)
+    order: list[int] = []
+    stack = [0] if parent.numel() else []
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(kids[node]))
+    return torch.tensor(order, dtype=torch.long)
