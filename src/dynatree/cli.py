@@ -1,0 +1,121 @@
+"""The ``dynatree`` command line: ``generate`` (and the bench/report/distill commands).
+
+Every user-fixable problem is a :class:`DynaTreeError`, printed as one line on stderr with exit
+code 2 -- no traceback from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from .errors import DynaTreeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
+)
+
+
+def friendly_errors(fn: F) -> F:
+    """Turn DynaTreeError into a one-line message and exit code 2; Ctrl-C into exit code 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DynaTreeError as err:
+            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def parse_options(items: list[str] | None) -> dict[str, Any]:
+    """``["k=5", "tau=0.1", "history=false"]`` -> ``{"k": 5, "tau": 0.1, "history": False}``."""
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise DynaTreeError(f"strategy option '{item}' must look like name=value")
+        options[key.strip().replace("-", "_")] = parse_value(raw.strip())
+    return options
+
+
+def parse_value(raw: str) -> Any:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
+
+        if threads < 1:
+            raise DynaTreeError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+@app.command()
+@friendly_errors
+def generate(
+    prompt: Annotated[str, typer.Option(help="Prompt text.")] = DEFAULT_PROMPT,
+    target: Annotated[str, typer.Option(help="Target model: preset name, HF id or local path.")] = "smollm2-135m",
+    draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
+    strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree")] = "dynatree",
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable), e.g. -o k=5.")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 | float16 | bfloat16")] = "float32",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (fix it for stable timings).")] = None,
+    truncate_prompt: Annotated[bool, typer.Option(help="Left-truncate a prompt that does not fit the models' positions.")] = False,
+    allow_vocab_mismatch: Annotated[bool, typer.Option(help="Skip the draft/target vocabulary check.")] = False,
+) -> None:
+    """Generate text with speculative decoding and print a one-line summary."""
+    import torch
+
+    from . import models
+    from .engine import generate as run
+
+    set_threads(threads)
+    if not prompt.strip():
+        raise DynaTreeError("empty prompt: --prompt is empty or whitespace only")
+    torch_dtype = models.parse_dtype(dtype)
+    tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
+    dmodel = None
+    if strategy != "autoregressive":
+        dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
+                                      dtype=torch_dtype, device=device)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    result = run(tmodel, dmodel, ids, strategy, max_new_tokens=max_new_tokens,
+                 truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch,
+                 **parse_options(option))
+    new = result.sequences[0, result.stats.prompt_tokens:]
+    typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
+    s = result.stats
+    typer.secho(
+        f"[{s.strategy}] {s.new_tokens} tokens in {s.t_total:.2f}s = {s.tokens_per_second:.1f} tok/s | "
+        f"mean L {s.mean_committed:.2f} tokens/round over {s.num_rounds} rounds | "
+        f"acceptance {s.acceptance:.1%} | threads {torch.get_num_threads()} | {device} {dtype}",
+        fg=typer.colors.CYAN, err=True,
+    )
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    sys.exit(app())

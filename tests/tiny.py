@@ -1,0 +1,67 @@
+"""Tiny random models of the four architectures the engine must support, built in-process.
+
+``initializer_range`` is large so the random models have peaked next-token distributions (like
+real LMs): a uniform-ish random model would make every tree collapse to its root under probability
+pruning and the exactness tests would exercise nothing deeper.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+ARCHS = ("llama", "gpt2", "neox", "qwen2")
+VOCAB = 96
+
+
+def tiny_model(arch: str, seed: int = 0, *, vocab: int = VOCAB, attn: str = "sdpa", layers: int = 2,
+               init: float = 0.5, max_positions: int = 1024) -> torch.nn.Module:
+    """A tiny fp32 causal LM of ``arch`` in eval mode."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, initializer_range=init, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=max_positions, **common)
+        cls = LlamaForCausalLM
+    elif arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=max_positions, **common)
+        cls = Qwen2ForCausalLM
+    elif arch == "neox":
+        cfg = GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                            max_position_embeddings=max_positions, rotary_pct=0.5, **common)
+        cls = GPTNeoXForCausalLM
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=32, n_layer=layers, n_head=4, n_positions=max_positions, **common)
+        cls = GPT2LMHeadModel
+    else:
+        raise ValueError(arch)
+    cfg._attn_implementation = attn
+    return cls(cfg).eval()
+
+
+def perturbed(model: torch.nn.Module, noise: float = 0.03, seed: int = 123) -> torch.nn.Module:
+    """A copy of ``model`` with Gaussian noise on every weight: a draft that agrees only partly."""
+    torch.manual_seed(seed)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn_like(p) * noise * (p.std() if p.numel() > 1 else 1.0))
+    return out.eval()
+
+
+def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, eos=None) -> torch.Tensor:
+    """Reference: HF generate, greedy, with EOS stopping only when ``eos`` is given."""
+    return model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                          pad_token_id=0, min_new_tokens=0)
