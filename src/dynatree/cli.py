@@ -23,6 +23,11 @@ DEFAULT_PROMPT = (
 )
 
 
+@app.callback()
+def _root() -> None:
+    """dynatree: exact tree-based speculative decoding for HuggingFace causal LMs."""
+
+
 def friendly_errors(fn: F) -> F:
     """Turn DynaTreeError into a one-line message and exit code 2; Ctrl-C into exit code 130."""
 
@@ -92,20 +97,23 @@ def generate(
 
     from . import models
     from .engine import generate as run
+    from .policies import make_policy
 
     set_threads(threads)
     if not prompt.strip():
         raise DynaTreeError("empty prompt: --prompt is empty or whitespace only")
+    if max_new_tokens < 1:
+        raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
+    policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
     torch_dtype = models.parse_dtype(dtype)
     tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
     dmodel = None
-    if strategy != "autoregressive":
+    if policy.uses_draft:
         dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
                                       dtype=torch_dtype, device=device)
     ids = tok(prompt, return_tensors="pt").input_ids
-    result = run(tmodel, dmodel, ids, strategy, max_new_tokens=max_new_tokens,
-                 truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch,
-                 **parse_options(option))
+    result = run(tmodel, dmodel, ids, policy, max_new_tokens=max_new_tokens,
+                 truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch)
     new = result.sequences[0, result.stats.prompt_tokens:]
     typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
     s = result.stats

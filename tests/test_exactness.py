@@ -1,0 +1,136 @@
+"""Greedy exactness: every strategy's output equals HF ``generate(do_sample=False)`` token for token.
+
+Tiny fp32 random models of four architectures (RoPE: Llama, Qwen2, GPTNeoX with partial rotary;
+learned positions: GPT-2), three kinds of draft (the target itself, an unrelated random model,
+a perturbed copy so acceptance is partial), several prompt lengths including 1, EOS inside an
+accepted path, and max_new_tokens hit mid-path. Strategies come from the registry, so every
+strategy added later is covered without touching this file.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import dynatree
+from dynatree import STRATEGIES
+from tiny import ARCHS, VOCAB, hf_greedy, perturbed, tiny_model
+
+# Small trees keep the suite fast; wide enough to have siblings and several levels.
+OPTIONS: dict[str, dict] = {
+    "linear": {"k": 4},
+    "fixed": {"depth": 4, "branch": 2, "tau": 0.0, "max_nodes": 24},
+    "dynatree": {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2},
+}
+DRAFTS = ("self", "random", "perturbed")
+
+
+@functools.lru_cache(maxsize=None)
+def models(arch: str, attn: str = "sdpa") -> dict[str, torch.nn.Module]:
+    target = tiny_model(arch, 0, attn=attn)
+    return {
+        "target": target,
+        "self": target,
+        "random": tiny_model(arch, 7, attn=attn),
+        "perturbed": perturbed(target),
+    }
+
+
+def prompt(length: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, VOCAB, (1, length), generator=g)
+
+
+def run(arch: str, strategy: str, draft: str, ids: torch.Tensor, n: int, eos=(), attn: str = "sdpa"):
+    m = models(arch, attn)
+    return dynatree.generate(m["target"], m[draft], ids, strategy, max_new_tokens=n,
+                             eos_token_id=list(eos), **OPTIONS.get(strategy, {}))
+
+
+@functools.lru_cache(maxsize=None)
+def reference(arch: str, length: int, seed: int, n: int, eos: int | None = None, attn: str = "sdpa") -> torch.Tensor:
+    return hf_greedy(models(arch, attn)["target"], prompt(length, seed), n, eos)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("draft", DRAFTS)
+def test_greedy_equals_target(arch: str, strategy: str, draft: str) -> None:
+    for length, seed, n in [(1, 0, 24), (5, 1, 40), (13, 2, 33)]:
+        out = run(arch, strategy, draft, prompt(length, seed), n)
+        assert torch.equal(out.sequences, reference(arch, length, seed, n)), (arch, strategy, draft, length)
+        assert out.stats.new_tokens == n
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", ["fixed", "dynatree", "linear"])
+def test_greedy_equals_target_eager_attention(arch: str, strategy: str) -> None:
+    out = run(arch, strategy, "perturbed", prompt(6, 3), 30, attn="eager")
+    assert torch.equal(out.sequences, reference(arch, 6, 3, 30, attn="eager"))
+
+
+def test_perturbed_draft_is_partially_accepted() -> None:
+    """Guards the test setup: the perturbed pair must exercise multi-token accepted paths."""
+    for arch in ARCHS:
+        s = run(arch, "dynatree", "perturbed", prompt(5, 1), 40).stats
+        assert 1.3 < s.mean_committed and 0.0 < s.acceptance < 1.0, (arch, s.summary())
+
+
+def round_ends(stats) -> list[int]:
+    ends, total = [], 0
+    for r in stats.rounds:
+        total += r.committed
+        ends.append(total)
+    return ends
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", ["linear", "fixed", "dynatree"])
+def test_max_new_tokens_mid_path(arch: str, strategy: str) -> None:
+    ids = prompt(4, 5)
+    full = run(arch, strategy, "self", ids, 40)
+    ends = round_ends(full.stats)
+    # the first budget that stops strictly inside a multi-token round
+    cut = next(e - 1 for s, e in zip([0] + ends, ends) if e - s >= 2)
+    out = run(arch, strategy, "self", ids, cut)
+    assert torch.equal(out.sequences, reference(arch, 4, 5, cut))
+    assert out.stats.new_tokens == cut
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", ["linear", "fixed", "dynatree"])
+def test_eos_inside_accepted_path(arch: str, strategy: str) -> None:
+    ids = prompt(4, 6)
+    full = run(arch, strategy, "self", ids, 40)
+    new = full.sequences[0, 4:].tolist()
+    ends = set(round_ends(full.stats))
+    # a position that is not the last token of its round and whose token has not occurred before
+    pos = next(i for i in range(1, len(new)) if (i + 1) not in ends and new[i] not in new[:i])
+    eos = new[pos]
+    out = run(arch, strategy, "self", ids, 40, eos=[eos])
+    assert torch.equal(out.sequences, reference(arch, 4, 6, 40, eos))
+    assert out.sequences[0, -1].item() == eos and out.stats.new_tokens == pos + 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_long_generation(arch: str) -> None:
+    ids = prompt(9, 8)
+    for strategy in ("linear", "dynatree"):
+        out = run(arch, strategy, "perturbed", ids, 300)
+        assert torch.equal(out.sequences, reference(arch, 9, 8, 300)), strategy
+
+
+def test_eos_default_comes_from_generation_config() -> None:
+    """eos_token_id=None behaves like HF generate: the model's generation_config decides."""
+    m = models("llama")
+    ids = prompt(3, 9)
+    new = reference("llama", 3, 9, 30)[0, 3:].tolist()
+    eos = new[10]
+    m["target"].generation_config.eos_token_id = eos
+    try:
+        out = dynatree.generate(m["target"], m["self"], ids, "linear", max_new_tokens=30, k=4)
+    finally:
+        m["target"].generation_config.eos_token_id = 1
+    assert out.sequences[0, 3:].tolist() == new[: new.index(eos) + 1]
