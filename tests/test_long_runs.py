@@ -1,0 +1,52 @@
+"""Long generations stay exact, and the caches never hold more than prefix + committed + tree.
+
+A KV-rollback bug that leaves one stale row, or a cache that keeps rejected rows, shows up only
+after many rounds; so this runs 10,000 tokens per strategy on a tiny model and checks the cache
+length after every commit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dynatree
+import dynatree.engine
+from dynatree import STRATEGIES
+from tiny import hf_greedy, perturbed, tiny_model
+
+N = 10_000
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = tiny_model("llama", 0, max_positions=16_384)
+    draft = perturbed(target)
+    ids = torch.randint(2, 90, (1, 8), generator=torch.Generator().manual_seed(11))
+    return target, draft, ids, hf_greedy(target, ids, N)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_ten_thousand_tokens_exact_and_bounded(setup, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    target, draft, ids, ref = setup
+    lengths: list[tuple[int, int]] = []  # (target cache rows after commit, rows kept)
+    real_compact = dynatree.engine.compact
+
+    def checked_compact(cache, start, keep):
+        peak = cache.get_seq_length()
+        real_compact(cache, start, keep)
+        lengths.append((peak, cache.get_seq_length()))
+
+    monkeypatch.setattr(dynatree.engine, "compact", checked_compact)
+    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=N, eos_token_id=[])
+    assert torch.equal(out.sequences, ref)
+
+    # After round r the target caches exactly prompt + committed - 1 tokens (the root is pending),
+    # and during verify it never held more than that plus the round's tree.
+    committed = 0
+    for (peak, after), r in zip(lengths, out.stats.rounds):
+        before = ids.shape[1] - 1 + committed
+        committed += r.committed
+        assert peak == before + r.drafted + 1
+        assert after == ids.shape[1] - 1 + committed or committed == N  # last round may be truncated
