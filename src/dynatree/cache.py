@@ -57,3 +57,148 @@ def compact(cache: DynamicCache, start: int, keep: Sequence[int] | torch.Tensor)
 def truncate(cache: DynamicCache, length: int) -> None:
     """Drop every row at or after ``length``."""
     compact(cache, length, [])
+
+
+# ------------------------------------------------------------------------- model + its cache
+class CachedModel:
+    """A causal LM together with its KV cache: the one place that calls the model while decoding.
+
+    ``forward`` runs new tokens that see every cached row before ``since`` and, among the rows
+    from ``since`` on plus the new tokens themselves, exactly those marked in ``visible``
+    (``[q, length - since + q]``). That covers the prefill's causal chain, the drafter's levels and
+    the target's verify pass with one mask convention.
+    """
+
+    engine = "hf"
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
+        param = next(model.parameters())
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = new_cache(model)
+        self.calls = 0
+
+    @property
+    def length(self) -> int:
+        return cache_length(self.cache)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Cache ``tokens`` with plain causal attention (no logits are needed)."""
+        if tokens:
+            q = len(tokens)
+            self.forward(tokens, torch.arange(self.length, self.length + q), torch.ones(q, q, dtype=torch.bool).tril(),
+                         self.length, last_only=True)
+
+    def forward(
+        self,
+        tokens: Sequence[int] | torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        since: int,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Run ``tokens`` at ``positions``; returns float logits ``[q, V]`` (``[1, V]`` if last_only)."""
+        from .tree import attention_mask
+
+        self.calls += 1
+        out = self.model(
+            input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
+            attention_mask=attention_mask(visible, since, self.dtype, self.device),
+            position_ids=positions.view(1, -1).to(self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits[0, :, : self.vocab_size].float()
+
+    def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
+        compact(self.cache, start, keep)
+
+
+class StaticCachedModel(CachedModel):
+    """Pre-allocated KV cache, query counts padded to fixed buckets, optionally ``torch.compile``d.
+
+    Every call has one of a few shapes (``[1, bucket]`` tokens against a ``[bucket, capacity]``
+    mask), so a compiled step is traced once per bucket and never again, and on GPU each can be a
+    CUDA graph (``compile_mode="reduce-overhead"``). Padding queries write their KV rows after the
+    real ones; those rows lie past ``length`` and are masked from every later query, then
+    overwritten. Compaction gathers accepted rows in place, the cache's storage never moves.
+    """
+
+    engine = "static"
+    BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab_size: int,
+        capacity: int,
+        compile: bool = False,
+        compile_mode: str | None = None,
+    ) -> None:
+        from transformers import StaticCache
+
+        super().__init__(model, vocab_size)
+        self.capacity = capacity + self.BUCKETS[-1]  # room for the padding of the last call
+        self.cache = StaticCache(config=model.config, max_cache_len=self.capacity)
+        self._length = 0
+        self._step = self._raw_step
+        if compile:
+            self._step = torch.compile(self._raw_step, dynamic=False, mode=compile_mode)
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def _raw_step(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                          use_cache=True).logits
+
+    def _set_length(self, length: int) -> None:
+        self._length = length
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.cumulative_length.fill_(length)
+
+    def forward(
+        self,
+        tokens: Sequence[int] | torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        since: int,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
+        q, length = tokens.numel(), self._length
+        if length + q > self.capacity - self.BUCKETS[-1]:
+            raise DynaTreeError(f"static cache capacity {self.capacity - self.BUCKETS[-1]} exceeded ({length + q} rows)")
+        bucket = next((b for b in self.BUCKETS if b >= q), None)
+        if bucket is None:
+            raise DynaTreeError(f"a call of {q} tokens exceeds the largest static bucket ({self.BUCKETS[-1]}); use engine='hf'")
+        self.calls += 1
+        ids = torch.zeros(1, bucket, dtype=torch.long)
+        ids[0, :q] = tokens
+        pos = torch.full((1, bucket), int(positions[-1]), dtype=torch.long)
+        pos[0, :q] = positions
+        allowed = torch.zeros(bucket, self.capacity, dtype=torch.bool)
+        allowed[:q, :since] = True
+        allowed[:q, since : length + q] = visible
+        pad = torch.arange(q, bucket)
+        allowed[pad, length + pad] = True  # padding rows see only themselves (no NaN rows)
+        mask = torch.zeros(bucket, self.capacity, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        logits = self._step(ids.to(self.device), mask.view(1, 1, bucket, -1).to(self.device), pos.to(self.device))
+        self._set_length(length + q)
+        rows = logits[0, q - 1 : q] if last_only else logits[0, :q]
+        return rows[:, : self.vocab_size].float()
+
+    def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
+        keep_t = torch.as_tensor(keep, dtype=torch.long)
+        k = int(keep_t.numel())
+        if k and not (int(keep_t[0]) == start and int(keep_t[-1]) == start + k - 1):
+            for layer in self.cache.layers:
+                if layer.is_initialized:
+                    idx = keep_t.to(layer.keys.device)
+                    layer.keys[..., start : start + k, :] = layer.keys[..., idx, :]
+                    layer.values[..., start : start + k, :] = layer.values[..., idx, :]
+        self._set_length(start + k)
