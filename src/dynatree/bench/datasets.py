@@ -1,0 +1,354 @@
+"""Prompt sets for benchmarks, most of them available offline.
+
+Provenance of each set:
+
+* ``pydoc`` — the Python language reference as shipped inside CPython (``pydoc_data.topics``, the
+  text ``help()`` shows). Always available. Raw topics mix prose with grammar productions
+  (``if_stmt ::= ...``), code examples and headings; prompts built from those make a small model
+  loop on grammar fragments, so only prose paragraphs are kept: unindented paragraphs that end a
+  sentence, have at least :data:`MIN_WORDS` words and few code symbols.
+* ``licenses`` — the licence texts Debian ships in ``/usr/share/common-licenses`` (GPL, Apache,
+  MPL, ...), deduplicated where one name links to another. Clean legal prose with natural
+  continuations. Only on Debian-like systems.
+* ``wikitext2`` — WikiText-2 (raw), test split, from the Hugging Face hub (``Salesforce/wikitext``)
+  through the ``datasets`` package; Wikipedia articles. The seeds cap these prompts at 800 tokens.
+* ``pg19`` — PG-19 test split (Project Gutenberg books published before 1919), the parquet copy
+  ``emozilla/pg19-test`` of DeepMind's set (whose loading script current ``datasets`` no longer
+  runs). The seeds cap these prompts at 1000 tokens.
+* a local file — ``.txt`` (one prompt per paragraph, paragraphs separated by blank lines) or
+  ``.jsonl`` (one prompt per line, in the field ``text`` or ``prompt``), used as written.
+
+How prompts are built: a corpus is a list of documents, each made of runs of consecutive clean
+paragraphs (a dropped paragraph ends a run, so a prompt never jumps over a removed code block).
+A passage starts at the start of a paragraph, continues through the following paragraphs of its
+run, and is cut at ``max_prompt_tokens`` tokens of the given tokenizer; the next passage starts at
+the next paragraph not yet used, so passages never overlap. Documents are shuffled with ``seed``
+and passages are taken round-robin, one document at a time, so a set spreads over many documents
+and depends only on (name, tokenizer, num_prompts, max_prompt_tokens, seed). Local files keep
+their own order and one prompt per paragraph or record: they are the user's prompts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from dynatree.errors import DynaTreeError
+
+MIN_WORDS = 20  # shorter paragraphs are headings, captions or fragments, not prose
+MAX_SYMBOL_FRACTION = 0.02  # more code symbols than this marks a paragraph as code-like
+
+LICENSES_DIR = Path("/usr/share/common-licenses")
+
+# A run is a list of consecutive clean paragraphs; a document is a list of runs.
+Run = list[str]
+Document = list[Run]
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """A named prompt set: a line for ``--help`` and the prompt cap the seeds used, if any."""
+
+    description: str
+    seed_max_prompt_tokens: int | None = None
+
+
+PROMPT_SETS: dict[str, PromptSet] = {
+    "pydoc": PromptSet("prose paragraphs of the Python language reference (pydoc_data), always offline"),
+    "licenses": PromptSet("licence texts from /usr/share/common-licenses (Debian), offline"),
+    "wikitext2": PromptSet("WikiText-2 raw test split (needs `datasets` and the HF hub)", 800),
+    "pg19": PromptSet("PG-19 test split, Project Gutenberg books (needs `datasets` and the HF hub)", 1000),
+}
+
+_SYMBOLS = set("=<>{}[]|\\_*#@$%^~`")
+_SENTENCE_END = re.compile(r"[.!?][\"'\u2019\u201d)]*$")
+_FOOTNOTE = re.compile(r"\s*\[\d+\]")
+_UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
+_BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")  # pydoc's **PEP 614**; a bare "**" operator stays
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Blocks of text separated by blank lines, with their line breaks kept."""
+    return [block for block in re.split(r"\n[ \t]*\n", text) if block.strip()]
+
+
+def _join_lines(block: str) -> str:
+    """One line with single spaces: hard wraps and double spaces after full stops are layout, not text."""
+    return " ".join(block.split())
+
+
+def _is_prose(paragraph: str) -> bool:
+    """A complete, word-rich paragraph without code symbols: something a model continues as prose."""
+    if "::=" in paragraph or ">>>" in paragraph:
+        return False
+    if len(paragraph.split()) < MIN_WORDS or not _SENTENCE_END.search(paragraph):
+        return False
+    symbols = sum(char in _SYMBOLS for char in paragraph)
+    return symbols <= MAX_SYMBOL_FRACTION * len(paragraph)
+
+
+def _runs(blocks: Iterable[str | None]) -> Document:
+    """Group consecutive kept paragraphs into runs; ``None`` marks a dropped paragraph (a break)."""
+    document: Document = []
+    current: Run = []
+    for block in blocks:
+        if block is None:
+            if current:
+                document.append(current)
+            current = []
+        else:
+            current.append(block)
+    if current:
+        document.append(current)
+    return document
+
+
+def _clean_pydoc_topic(text: str) -> Document:
+    """Prose runs of one pydoc topic: drops indented blocks (code, grammar), headings, fragments."""
+
+    def clean(block: str) -> str | None:
+        lines = block.splitlines()
+        if lines[0][:1].isspace() or any(_UNDERLINE.match(line.strip()) for line in lines):
+            return None
+        paragraph = _BOLD.sub(r"\1", _FOOTNOTE.sub("", _join_lines(block)))
+        return paragraph if _is_prose(paragraph) else None
+
+    return _runs(clean(block) for block in _paragraphs(text))
+
+
+def _clean_prose(text: str) -> Document:
+    """Prose runs of plain text whose paragraphs may be indented (licences, books)."""
+
+    def clean(block: str) -> str | None:
+        paragraph = _join_lines(block)
+        return paragraph if _is_prose(paragraph) else None
+
+    return _runs(clean(block) for block in _paragraphs(text))
+
+
+def pydoc_documents() -> list[Document]:
+    """One document per pydoc topic, in the topic order of ``pydoc_data.topics``."""
+    from pydoc_data.topics import topics
+
+    return [document for document in map(_clean_pydoc_topic, topics.values()) if document]
+
+
+def license_documents(directory: Path = LICENSES_DIR) -> list[Document]:
+    """One document per distinct licence file (symlinks like GPL -> GPL-3 are read once)."""
+    if not directory.is_dir():
+        raise DynaTreeError(
+            f"the 'licenses' prompt set needs {directory} (Debian's common-licenses); use --dataset pydoc"
+        )
+    files = sorted({path.resolve() for path in directory.iterdir() if path.is_file()})
+    documents = [_clean_prose(path.read_text(encoding="utf-8", errors="replace")) for path in files]
+    return [document for document in documents if document]
+
+
+def _load_hub_dataset(name: str, *args: str, split: str):  # returns datasets.Dataset
+    """``datasets.load_dataset`` with every failure (package missing, hub unreachable) as one line."""
+    try:
+        import datasets
+    except ImportError:
+        raise DynaTreeError(
+            f"prompt set from {name} needs the 'datasets' package: pip install datasets (or use --dataset pydoc)"
+        ) from None
+    try:
+        return datasets.load_dataset(name, *args, split=split)
+    except Exception as exc:  # network, hub and cache errors come in many types; all mean "not reachable"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DynaTreeError(f"cannot load {name} from the HF hub ({first}); use --dataset pydoc") from exc
+
+
+_WIKITEXT_FIXES = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" 's", "'s"))
+
+
+def _detokenize_wikitext(line: str) -> str:
+    """Undo WikiText's tokenization artefacts (``1 @,@ 000``, spaces before commas) for readable prompts."""
+    for old, new in _WIKITEXT_FIXES:
+        line = line.replace(old, new)
+    return re.sub(r" ([.,;:!?)])", r"\1", re.sub(r"\( ", "(", line)).strip()
+
+
+def wikitext2_documents() -> list[Document]:
+    """WikiText-2 raw test split, one document per article (`` = Title = `` lines start one)."""
+    rows = _load_hub_dataset("Salesforce/wikitext", "wikitext-2-raw-v1", split="test")["text"]
+    articles: list[list[str | None]] = []
+    for row in rows:
+        line = row.strip()
+        if re.fullmatch(r"= [^=].* =", line):
+            articles.append([])
+        elif line.startswith("="):  # a section heading ends a run
+            if articles:
+                articles[-1].append(None)
+        elif line and articles:
+            paragraph = _detokenize_wikitext(line)
+            articles[-1].append(paragraph if _is_prose(paragraph) else None)
+    return [document for document in map(_runs, articles) if document]
+
+
+def pg19_documents() -> list[Document]:
+    """PG-19 test split, one document per book."""
+    books = _load_hub_dataset("emozilla/pg19-test", split="test")["text"]
+    return [document for document in map(_clean_prose, books) if document]
+
+
+def _passages(
+    document: Document, tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
+) -> Iterator[str]:
+    """Non-overlapping passages of a document, each starting at a paragraph and cut at the token cap."""
+    for run in document:
+        start = 0
+        while start < len(run):
+            text, used = "", 0
+            for paragraph in run[start:]:
+                text = f"{text}\n\n{paragraph}" if text else paragraph
+                used += 1
+                if _count_tokens(tokenizer, text) >= max_prompt_tokens:
+                    break
+            yield cut_to_tokens(text, tokenizer, max_prompt_tokens)
+            start += used
+
+
+def _count_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
+    return len(tokenizer(text)["input_ids"])
+
+
+def cut_to_tokens(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
+    """The longest prefix of ``text`` (at a token boundary) that encodes to at most ``max_tokens`` ids.
+
+    Counts include the special tokens the tokenizer adds by default (e.g. BOS), because that is
+    what the model will see. Cutting is done on the text, not by decoding ids, so the prompt keeps
+    its exact spelling; re-encoding a cut prefix can merge differently at the edge, hence the check.
+    """
+    if _count_tokens(tokenizer, text) <= max_tokens:
+        return text
+    try:
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ends = [end for _, end in encoding["offset_mapping"]]
+
+        def prefix_of(n: int) -> str:
+            return text[: ends[n - 1]]
+    except NotImplementedError:  # Python (slow) tokenizers have no offsets: decode the ids instead
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        def prefix_of(n: int) -> str:
+            return tokenizer.decode(ids[:n])
+
+    keep = max_tokens - _count_tokens(tokenizer, "")
+    while keep > 0:
+        prefix = prefix_of(keep).rstrip()
+        if _count_tokens(tokenizer, prefix) <= max_tokens:
+            return prefix
+        keep -= 1
+    raise DynaTreeError(f"max_prompt_tokens={max_tokens} leaves no room for text with this tokenizer")
+
+
+def _read_local(path: Path) -> list[str]:
+    """Prompts of a local .txt (blank-line separated) or .jsonl (``text``/``prompt``) file, in order."""
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DynaTreeError(f"cannot read prompt file {path}: {exc}") from exc
+    if path.suffix == ".txt":
+        prompts = [block.strip() for block in _paragraphs(content)]
+    elif path.suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(content.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DynaTreeError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            text = record.get("text", record.get("prompt")) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise DynaTreeError(f"{path}:{number}: expected an object with a string field 'text' or 'prompt'")
+            if text.strip():
+                prompts.append(text)
+    else:
+        raise DynaTreeError(f"prompt file {path} must be .txt (blank-line separated) or .jsonl")
+    if not prompts:
+        raise DynaTreeError(f"prompt file {path} contains no prompts")
+    return prompts
+
+
+def _corpus(name: str) -> list[Document]:
+    builders = {
+        "pydoc": pydoc_documents,
+        "licenses": license_documents,
+        "wikitext2": wikitext2_documents,
+        "pg19": pg19_documents,
+    }
+    return builders[name]()
+
+
+def _round_robin(iterators: list[Iterator[str]]) -> Iterator[str]:
+    """One item from each iterator in turn, dropping iterators as they run out."""
+    while iterators:
+        alive = []
+        for iterator in iterators:
+            item = next(iterator, None)
+            if item is not None:
+                alive.append(iterator)
+                yield item
+        iterators = alive
+
+
+def _unique(items: Iterable[str]) -> Iterator[str]:
+    """The items in order without repeats, lazily (a corpus is only tokenized as far as needed)."""
+    seen: set[str] = set()
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            yield item
+
+
+def load_prompts(
+    name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    num_prompts: int,
+    max_prompt_tokens: int,
+    seed: int = 0,
+) -> list[str]:
+    """``num_prompts`` prompts of at most ``max_prompt_tokens`` tokens from a named set or a local file.
+
+    ``name`` is a key of :data:`PROMPT_SETS` or a path to a ``.txt``/``.jsonl`` file. Fewer
+    available prompts than requested is an error rather than a silently smaller benchmark.
+    """
+    if num_prompts < 1 or max_prompt_tokens < 1:
+        raise DynaTreeError("num_prompts and max_prompt_tokens must be at least 1")
+    if name in PROMPT_SETS:
+        documents = _corpus(name)
+        random.Random(seed).shuffle(documents)
+        passages = _round_robin([_passages(doc, tokenizer, max_prompt_tokens) for doc in documents])
+        # Versions of one licence share whole paragraphs; a repeated prompt would only be weighted twice.
+        prompts = list(itertools.islice(_unique(passages), num_prompts))
+    else:
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise DynaTreeError(
+                f"unknown prompt set '{name}': use one of {', '.join(PROMPT_SETS)} or a .txt/.jsonl file"
+            )
+        prompts = [cut_to_tokens(text, tokenizer, max_prompt_tokens) for text in _read_local(path)[:num_prompts]]
+    if len(prompts) < num_prompts:
+        raise DynaTreeError(f"'{name}' has only {len(prompts)} prompts, {num_prompts} requested")
+    return prompts
+
+
+def load_prompt_ids(
+    name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    num_prompts: int,
+    max_prompt_tokens: int,
+    seed: int = 0,
+) -> list[list[int]]:
+    """The prompts of :func:`load_prompts` as token ids (with the tokenizer's default special tokens)."""
+    prompts = load_prompts(name, tokenizer, num_prompts, max_prompt_tokens, seed)
+    return [tokenizer(prompt)["input_ids"] for prompt in prompts]

