@@ -23,6 +23,8 @@ OPTIONS: dict[str, dict] = {
     "linear": {"k": 4},
     "fixed": {"depth": 4, "branch": 2, "tau": 0.0, "max_nodes": 24},
     "dynatree": {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2},
+    "dyspec": {"max_nodes": 24},
+    "dyspec-threshold": {"threshold": 0.01, "max_nodes": 24},
 }
 DRAFTS = ("self", "random", "perturbed")
 

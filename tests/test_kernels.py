@@ -7,7 +7,6 @@ import os
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton.jit runs
 pytest.importorskip("triton")
 
 import dynatree  # noqa: E402

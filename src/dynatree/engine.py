@@ -3,6 +3,10 @@
 State between rounds: both caches hold every committed token except the last one (the *root*),
 which the next round feeds to the target together with the drafted tree. So each round costs one
 target forward, whatever the tree's size, and no committed token is ever run twice.
+
+Acceptance is greedy at temperature 0 and lossless rejection sampling otherwise
+(:mod:`dynatree.verify`); one CPU generator drives every random draw of a run (the DySpec policies'
+child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run reproducible.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from .cache import cache_length, compact, new_cache
 from .draft import Drafter
 from .errors import DynaTreeError
 from .policies import DraftPolicy, RoundFeedback, make_policy
+from .sampling import DRAFT_TEMPERATURE, DraftSampler, SamplesDraft, SamplingConfig, make_generator
 from .stats import GenerationResult, GenerationStats, RoundStats
 from .tree import TreeBuilder
-from .verify import greedy_accept, tree_forward
+from .verify import greedy_accept, sample_accept, tree_forward
 
 
 def generate(
@@ -32,29 +37,45 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     *,
     temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    draft_temperature: float = DRAFT_TEMPERATURE,
     truncate_prompt: bool = False,
     allow_vocab_mismatch: bool = False,
     **strategy_options: Any,
 ) -> GenerationResult:
-    """Generate with tree speculative decoding; greedy output equals the target's own greedy output.
+    """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
+    greedy output; above it, the output follows the target's sampling distribution exactly.
 
     Args:
         target: any HF causal LM (GPTNeoX/Pythia, Llama, Qwen2, GPT-2, ...), unmodified.
         draft: a causal LM over the same vocabulary; may be None for ``"autoregressive"``.
         input_ids: one prompt, ``[1, L]`` or ``[L]`` (batch size 1 only).
-        strategy: ``"autoregressive"``, ``"linear"``, ``"fixed"``, ``"dynatree"`` or a policy object.
+        strategy: ``"autoregressive"``, ``"linear"``, ``"fixed"``, ``"dynatree"``, ``"dyspec"``,
+            ``"dyspec-threshold"`` or a policy object.
         max_new_tokens: tokens to generate at most (the last round is truncated exactly).
         eos_token_id: stop after this token (or any of these). None uses the target's
             ``generation_config.eos_token_id``, as HF ``generate`` does; ``[]`` never stops early.
-        temperature: 0 for greedy (the only mode of this engine so far).
+        temperature: 0 for greedy decoding; > 0 samples from the target at this temperature.
+        top_k: sample only among the target's k most likely tokens (None or 0: off).
+        top_p: nucleus sampling on the target distribution (None or 1: off).
+        seed: seed of a fresh CPU generator for every random draw of the run (reproducible runs).
+        generator: a CPU ``torch.Generator`` to draw from instead (advanced by the run). With
+            neither, torch's global generator is used, so ``torch.manual_seed`` reproduces a run.
+        draft_temperature: temperature of the draft distribution DySpec samples children from
+            (default 0.6, as in DySpec); the other strategies choose children deterministically.
         truncate_prompt: left-truncate a prompt that would run past the models' maximum positions.
         allow_vocab_mismatch: skip the draft/target vocabulary-size check (draft logits are cut to
             the target's vocabulary).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     policy = make_policy(strategy, **strategy_options)
-    if temperature != 0.0:
-        raise DynaTreeError("temperature > 0 (sampling) is not supported yet; use temperature=0")
+    sampling = SamplingConfig(temperature, top_k, top_p, draft_temperature)
+    rng = make_generator(seed, generator)
+    if isinstance(policy, SamplesDraft):
+        policy.use_sampler(DraftSampler(rng, draft_temperature))
     prompt = _check_prompt(input_ids, target)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -68,7 +89,9 @@ def generate(
     stop = _eos_set(target, eos_token_id)
 
     with torch.inference_mode(), _eval_mode(models):
-        return _decode(target, draft if policy.uses_draft else None, prompt, policy, max_new_tokens, stop, vocab)
+        return _decode(
+            target, draft if policy.uses_draft else None, prompt, policy, max_new_tokens, stop, vocab, sampling, rng
+        )
 
 
 def _decode(
@@ -79,6 +102,8 @@ def _decode(
     max_new_tokens: int,
     stop: set[int],
     vocab: int,
+    sampling: SamplingConfig,
+    rng: torch.Generator,
 ) -> GenerationResult:
     device = next(target.parameters()).device
     clock = _Clock(device)
@@ -114,8 +139,13 @@ def _decode(
         prefix = cache_length(cache)
         logits = tree_forward(target, cache, tree)
         t2 = clock()
-        # 3. Accept: longest path the target agrees with, plus its bonus token.
-        path, bonus = greedy_accept(tree, logits[:, :vocab])
+        # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
+        #    plus one more token from the target (its argmax, or a draw from the residual R, which
+        #    is the target itself at a fully accepted leaf).
+        if sampling.greedy:
+            path, bonus = greedy_accept(tree, logits[:, :vocab])
+        else:
+            path, bonus = sample_accept(tree, logits[:, :vocab], sampling, rng)
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
         compact(cache, prefix, [prefix + i for i in [0, *path]])
         if drafter is not None:

@@ -27,6 +27,11 @@ class TokenTree:
     depth:    distance from the root (root 0, first drafted level 1).
     logq:     draft log-probability of the node given its parent's context (0 for the root).
     cum_logq: sum of logq along the root-to-node path (log of the path probability under the draft).
+    child_q:  what lossless sampling verification needs (None: every node's children are
+              deterministic, i.e. chosen as top-B / greedy, which verification treats as drafts with
+              q = 1). Otherwise one entry per node: the draft distribution ``[V]`` its children were
+              *sampled* from, without replacement, in creation order (None for a node whose children
+              are deterministic or that has none).
     """
 
     tokens: torch.Tensor
@@ -34,6 +39,7 @@ class TokenTree:
     depth: torch.Tensor
     logq: torch.Tensor
     cum_logq: torch.Tensor
+    child_q: tuple[torch.Tensor | None, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -61,6 +67,7 @@ class TreeBuilder:
         self.depth: list[int] = [0]
         self.logq: list[float] = [0.0]
         self.cum_logq: list[float] = [0.0]
+        self.child_q: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -74,13 +81,21 @@ class TreeBuilder:
         self.cum_logq.append(self.cum_logq[parent] + float(logq))
         return len(self.tokens) - 1
 
+    def set_sampled(self, node: int, dist: torch.Tensor) -> None:
+        """Declare that ``node``'s children are sampled from ``dist`` without replacement, in the
+        order they are added. Call it before or when adding the first child; siblings must then be
+        added in sampling order (the verifier replays the same residuals)."""
+        self.child_q[node] = dist
+
     def freeze(self) -> TokenTree:
+        child_q = tuple(self.child_q.get(i) for i in range(len(self.tokens))) if self.child_q else None
         return TokenTree(
             tokens=torch.tensor(self.tokens, dtype=torch.long),
             parent=torch.tensor(self.parent, dtype=torch.long),
             depth=torch.tensor(self.depth, dtype=torch.long),
             logq=torch.tensor(self.logq, dtype=torch.float32),
             cum_logq=torch.tensor(self.cum_logq, dtype=torch.float32),
+            child_q=child_q,
         )
 
 
@@ -96,6 +111,8 @@ def validate(tree: TokenTree) -> None:
             raise ValueError("every non-root node's parent must precede it")
         if not torch.equal(tree.depth[1:], tree.depth[p] + 1):
             raise ValueError("depth must be parent's depth + 1")
+    if tree.child_q is not None and len(tree.child_q) != n:
+        raise ValueError("child_q must have one entry per node")
 
 
 def ancestor_matrix(parent: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:

@@ -9,11 +9,13 @@ from ..errors import DynaTreeError
 from .autoregressive import Autoregressive
 from .base import DraftPolicy, RoundFeedback
 from .dynatree import DynaTree
+from .dyspec import DySpec
+from .dyspec_threshold import DySpecThreshold
 from .fixed import FixedTree
 from .linear import Linear
 
 STRATEGIES: dict[str, type[DraftPolicy]] = {
-    cls.name: cls for cls in (Autoregressive, Linear, FixedTree, DynaTree)
+    cls.name: cls for cls in (Autoregressive, Linear, FixedTree, DynaTree, DySpec, DySpecThreshold)
 }
 
 
