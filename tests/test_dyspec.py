@@ -14,6 +14,7 @@ import pytest
 import torch
 from tiny import perturbed, tiny_model
 
+from dynatree.cache import CachedModel
 from dynatree.draft import Drafter
 from dynatree.errors import DynaTreeError
 from dynatree.policies import make_policy
@@ -33,7 +34,7 @@ def draft() -> torch.nn.Module:
 def build(policy, draft: torch.nn.Module, seed: int, temperature: float = 0.6) -> tuple[TokenTree, int]:
     """Run one round of ``policy`` on the real drafter; returns the tree and its draft calls."""
     with torch.inference_mode():
-        drafter = Drafter(draft, V)
+        drafter = Drafter(CachedModel(draft, V))
         drafter.prefill(PROMPT)
         builder = TreeBuilder(PROMPT[-1])
         root_logits = drafter.begin_round(builder)
@@ -224,4 +225,4 @@ def test_build_without_sampler_is_a_clear_error(draft: torch.nn.Module) -> None:
     policy = make_policy("dyspec")
     builder = TreeBuilder(PROMPT[-1])
     with pytest.raises(RuntimeError, match="use_sampler"):
-        policy.build(builder, Drafter(draft, V), torch.zeros(V))
+        policy.build(builder, Drafter(CachedModel(draft, V)), torch.zeros(V))

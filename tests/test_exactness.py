@@ -136,3 +136,23 @@ def test_eos_default_comes_from_generation_config() -> None:
     finally:
         m["target"].generation_config.eos_token_id = 1
     assert out.sequences[0, 3:].tolist() == new[: new.index(eos) + 1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_static_engine_equals_target(arch: str, strategy: str) -> None:
+    """The pre-allocated, bucket-padded cache path is exact like the dynamic one."""
+    m = models(arch)
+    for length, seed, n in [(1, 0, 24), (13, 2, 33)]:
+        out = dynatree.generate(m["target"], m["perturbed"], prompt(length, seed), strategy, max_new_tokens=n,
+                                eos_token_id=[], engine="static", **OPTIONS.get(strategy, {}))
+        assert torch.equal(out.sequences, reference(arch, length, seed, n)), (arch, strategy, length)
+
+
+def test_compiled_static_engine_equals_target() -> None:
+    """torch.compile'd steps (one graph per bucket), reused by a second call without recompiling."""
+    m = models("llama")
+    for seed in (1, 2):
+        out = dynatree.generate(m["target"], m["perturbed"], prompt(5, seed), "linear", max_new_tokens=20,
+                                eos_token_id=[], engine="static", compile=True, k=3)
+        assert torch.equal(out.sequences, reference("llama", 5, seed, 20))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dynatree
-import dynatree.engine
+from dynatree.cache import CachedModel
 from dynatree import STRATEGIES
 from tiny import hf_greedy, perturbed, tiny_model
 
@@ -31,14 +31,15 @@ def setup():
 def test_ten_thousand_tokens_exact_and_bounded(setup, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     target, draft, ids, ref = setup
     lengths: list[tuple[int, int]] = []  # (target cache rows after commit, rows kept)
-    real_compact = dynatree.engine.compact
+    real_compact = CachedModel.compact
 
-    def checked_compact(cache, start, keep):
-        peak = cache.get_seq_length()
-        real_compact(cache, start, keep)
-        lengths.append((peak, cache.get_seq_length()))
+    def checked_compact(self, start, keep):
+        peak = self.length
+        real_compact(self, start, keep)
+        if self.model is target:
+            lengths.append((peak, self.length))
 
-    monkeypatch.setattr(dynatree.engine, "compact", checked_compact)
+    monkeypatch.setattr(CachedModel, "compact", checked_compact)
     out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=N, eos_token_id=[])
     assert torch.equal(out.sequences, ref)
 

@@ -13,6 +13,7 @@ import torch
 import dynatree
 import dynatree.engine
 import dynatree.verify
+from dynatree.cache import CachedModel
 from tiny import ARCHS, perturbed, tiny_model
 
 CONFIGS = [
@@ -39,9 +40,9 @@ def bfs_positions(depth: torch.Tensor, prefix_len: int) -> torch.Tensor:
 
 
 def skip_one_row(compact):
-    def broken(cache, start, keep):
+    def broken(self, start, keep):
         keep = list(keep)
-        return compact(cache, start, keep[:-1] if len(keep) > 1 else keep)
+        return compact(self, start, keep[:-1] if len(keep) > 1 else keep)
 
     return broken
 
@@ -53,18 +54,15 @@ def drop_bonus(truncate):
     return broken
 
 
-def ignore_tree_mask(attention_mask):
-    def broken(anc_rows, prefix_len, dtype, device="cpu"):
-        return attention_mask(torch.ones_like(anc_rows).tril(), prefix_len, dtype, device)
-
-    return broken
+def causal_mask(parent: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    return torch.ones(parent.numel(), parent.numel(), dtype=torch.bool).tril()
 
 
 MUTANTS = {
     "bfs-index positions": ("position_ids", dynatree.verify, bfs_positions),
-    "commit skips a KV row": ("compact", dynatree.engine, skip_one_row(dynatree.engine.compact)),
+    "commit skips a KV row": ("compact", CachedModel, skip_one_row(CachedModel.compact)),
     "bonus token dropped": ("_truncate", dynatree.engine, drop_bonus(dynatree.engine._truncate)),
-    "causal instead of tree mask": ("attention_mask", dynatree.verify, ignore_tree_mask(dynatree.verify.attention_mask)),
+    "causal instead of tree mask": ("ancestor_matrix", dynatree.verify, causal_mask),
 }
 
 

@@ -145,11 +145,20 @@ class StaticCachedModel(CachedModel):
         self._length = 0
         self._step = self._raw_step
         if compile:
+            # One graph per (model, bucket): more than dynamo's default of 8 recompiles per code
+            # object once target and draft share this method.
+            limit = 4 * len(self.BUCKETS)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
             self._step = torch.compile(self._raw_step, dynamic=False, mode=compile_mode)
 
     @property
     def length(self) -> int:
         return self._length
+
+    def reset(self) -> None:
+        """Empty the cache for a new generation (storage and compiled graphs are kept)."""
+        self._set_length(0)
+        self.calls = 0
 
     def _raw_step(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,

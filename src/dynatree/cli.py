@@ -83,7 +83,7 @@ def generate(
     prompt: Annotated[str, typer.Option(help="Prompt text.")] = DEFAULT_PROMPT,
     target: Annotated[str, typer.Option(help="Target model: preset name, HF id or local path.")] = "smollm2-135m",
     draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
-    strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree")] = "dynatree",
+    strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable), e.g. -o k=5.")] = None,
     dtype: Annotated[str, typer.Option(help="float32 | float16 | bfloat16")] = "float32",
@@ -91,6 +91,13 @@ def generate(
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (fix it for stable timings).")] = None,
     truncate_prompt: Annotated[bool, typer.Option(help="Left-truncate a prompt that does not fit the models' positions.")] = False,
     allow_vocab_mismatch: Annotated[bool, typer.Option(help="Skip the draft/target vocabulary check.")] = False,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (exact); > 0 samples losslessly from the target.")] = 0.0,
+    top_k: Annotated[int | None, typer.Option(help="Top-k on the target distribution (sampling only).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
+    draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = 0.6,
+    engine: Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")] = "hf",
+    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")] = False,
 ) -> None:
     """Generate text with speculative decoding and print a one-line summary."""
     import torch
@@ -113,7 +120,9 @@ def generate(
                                       dtype=torch_dtype, device=device)
     ids = tok(prompt, return_tensors="pt").input_ids
     result = run(tmodel, dmodel, ids, policy, max_new_tokens=max_new_tokens,
-                 truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch)
+                 truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch,
+                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                 draft_temperature=draft_temperature, engine=engine, compile=compile)
     new = result.sequences[0, result.stats.prompt_tokens:]
     typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
     s = result.stats
@@ -127,3 +136,6 @@ def generate(
 
 def main() -> None:  # pragma: no cover - console entry point
     sys.exit(app())
+
+
+from .bench import commands as _bench_commands  # noqa: E402,F401  (registers bench, sweep, report)

@@ -17,31 +17,31 @@ from collections.abc import Sequence
 
 import torch
 
-from .cache import cache_length, compact, new_cache
-from .tree import TreeBuilder, attention_mask
+from .cache import CachedModel
+from .tree import TreeBuilder
 
 
 class Drafter:
-    """Level-batched draft forwards with a tree mask, over an unmodified HF causal LM."""
+    """Level-batched draft forwards with a tree mask, over the draft's :class:`CachedModel`."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
-        self.model = model
-        self.vocab_size = vocab_size
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.cache = new_cache(model)
+    def __init__(self, kv: CachedModel) -> None:
+        self.kv = kv
         self.pending: list[int] = []
-        self.calls = 0
         self._builder: TreeBuilder | None = None
+        self._calls0 = 0
         self._base = 0  # cache rows belonging to committed tokens (incl. pending) this round
         self._slot: dict[int, int] = {}  # tree node -> cache row, for expanded drafted nodes
+
+    @property
+    def calls(self) -> int:
+        """Draft forwards in the current round."""
+        return self.kv.calls - self._calls0
 
     # ----------------------------------------------------------------------------------- setup
     def prefill(self, prompt: Sequence[int]) -> None:
         """Cache all prompt tokens but the last; the last becomes the first round's root."""
         prompt = list(prompt)
-        if len(prompt) > 1:
-            self._forward(torch.tensor([prompt[:-1]], device=self.device), None, None, keep_last=True)
+        self.kv.prefill(prompt[:-1])
         self.pending = [prompt[-1]]
 
     # ---------------------------------------------------------------------------- per round
@@ -49,13 +49,11 @@ class Drafter:
         """Run the pending committed tokens; returns the draft logits for the root's children ``[V]``."""
         self._builder = builder
         self._slot = {}
-        self.calls = 0
-        start = cache_length(self.cache)
+        self._calls0 = self.kv.calls
+        start = self.kv.length
         p = len(self.pending)
         causal = torch.ones(p, p, dtype=torch.bool).tril()
-        mask = attention_mask(causal, start, self.dtype, self.device)
-        pos = torch.arange(start, start + p, device=self.device).view(1, -1)
-        logits = self._forward(torch.tensor([self.pending], device=self.device), mask, pos, keep_last=True)
+        logits = self.kv.forward(self.pending, torch.arange(start, start + p), causal, start, last_only=True)
         self._base = start + p
         return logits[-1]
 
@@ -71,19 +69,16 @@ class Drafter:
         cached = list(self._slot)  # expanded nodes, in cache-row order
         col = {node: j for j, node in enumerate(cached)}
         q = len(nodes)
-        anc = torch.zeros(q, len(cached) + q, dtype=torch.bool)
+        visible = torch.zeros(q, len(cached) + q, dtype=torch.bool)
         for r, node in enumerate(nodes):
-            anc[r, len(cached) + r] = True
+            visible[r, len(cached) + r] = True
             a = b.parent[node]
             while a > 0:
-                anc[r, col[a]] = True
+                visible[r, col[a]] = True
                 a = b.parent[a]
-        mask = attention_mask(anc, self._base, self.dtype, self.device)
-        depth = torch.tensor([b.depth[n] for n in nodes], device=self.device)
-        pos = (depth + (self._base - 1)).view(1, -1)
-        tokens = torch.tensor([[b.tokens[n] for n in nodes]], device=self.device)
-        first_row = cache_length(self.cache)
-        logits = self._forward(tokens, mask, pos, keep_last=False)
+        positions = torch.tensor([b.depth[n] for n in nodes]) + (self._base - 1)
+        first_row = self.kv.length
+        logits = self.kv.forward([b.tokens[n] for n in nodes], positions, visible, self._base)
         for r, node in enumerate(nodes):
             self._slot[node] = first_row + r
         return logits
@@ -97,25 +92,6 @@ class Drafter:
             if node not in self._slot:
                 break
             rows.append(self._slot[node])
-        compact(self.cache, self._base, rows)
+        self.kv.compact(self._base, rows)
         self.pending = [b.tokens[n] for n in accepted[len(rows) :]] + [int(bonus)]
         self._builder = None
-
-    # ------------------------------------------------------------------------------ helpers
-    def _forward(
-        self,
-        input_ids: torch.Tensor,
-        mask: torch.Tensor | None,
-        pos: torch.Tensor | None,
-        keep_last: bool,
-    ) -> torch.Tensor:
-        self.calls += 1
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1 if keep_last else 0,
-        )
-        return out.logits[0, :, : self.vocab_size].float()

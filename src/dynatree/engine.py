@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from .cache import cache_length, compact, new_cache
+from .cache import CachedModel, StaticCachedModel
 from .draft import Drafter
 from .errors import DynaTreeError
 from .policies import DraftPolicy, RoundFeedback, make_policy
@@ -44,6 +45,8 @@ def generate(
     draft_temperature: float = DRAFT_TEMPERATURE,
     truncate_prompt: bool = False,
     allow_vocab_mismatch: bool = False,
+    engine: str = "hf",
+    compile: bool = False,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -69,6 +72,10 @@ def generate(
         truncate_prompt: left-truncate a prompt that would run past the models' maximum positions.
         allow_vocab_mismatch: skip the draft/target vocabulary-size check (draft logits are cut to
             the target's vocabulary).
+        engine: ``"hf"`` (dynamic HF cache, any tree size) or ``"static"`` (pre-allocated cache,
+            tree sizes padded to buckets of up to 256 nodes; what ``compile`` needs).
+        compile: ``torch.compile`` the static engine's model calls (one graph per bucket; CUDA
+            graphs on GPU). Compiled engines are kept per model and reused across calls.
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     policy = make_policy(strategy, **strategy_options)
@@ -87,16 +94,44 @@ def generate(
     models = [target] + ([draft] if policy.uses_draft else [])
     prompt = _fit_positions(prompt, max_new_tokens, policy.max_depth(), models, truncate_prompt)
     stop = _eos_set(target, eos_token_id)
+    if engine not in ("hf", "static"):
+        raise DynaTreeError(f"unknown engine '{engine}': must be 'hf' or 'static'")
+    if compile and engine != "static":
+        raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
 
     with torch.inference_mode(), _eval_mode(models):
-        return _decode(
-            target, draft if policy.uses_draft else None, prompt, policy, max_new_tokens, stop, vocab, sampling, rng
-        )
+        rows = len(prompt) + max_new_tokens
+        target_kv = cached_model(target, vocab, engine, rows + StaticCachedModel.BUCKETS[-1], compile)
+        draft_kv = None
+        if policy.uses_draft:
+            draft_kv = cached_model(draft, vocab, engine, rows + 4 * StaticCachedModel.BUCKETS[-1], compile)
+        return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng)
+
+
+_STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, compile: bool) -> CachedModel:
+    """A fresh model+cache for one generation; static ones are pooled per model.
+
+    Compiled graphs are tied to the static cache's storage, so reusing the same object across
+    calls (reset to length 0) is what makes the second call run without recompiling.
+    """
+    if engine == "hf":
+        return CachedModel(model, vocab)
+    pool = _STATIC.setdefault(model, {})
+    key = (vocab, compile)
+    kv = pool.get(key)
+    if kv is None or kv.capacity - StaticCachedModel.BUCKETS[-1] < capacity:
+        kv = StaticCachedModel(model, vocab, capacity, compile=compile)
+        pool[key] = kv
+    kv.reset()
+    return kv
 
 
 def _decode(
-    target: torch.nn.Module,
-    draft: torch.nn.Module | None,
+    target: CachedModel,
+    draft: CachedModel | None,
     prompt: list[int],
     policy: DraftPolicy,
     max_new_tokens: int,
@@ -105,22 +140,14 @@ def _decode(
     sampling: SamplingConfig,
     rng: torch.Generator,
 ) -> GenerationResult:
-    device = next(target.parameters()).device
-    clock = _Clock(device)
+    clock = _Clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
     policy.reset()
     start = clock()
 
     # 0. Prefill: cache every prompt token but the last, which becomes the first round's root.
-    cache = new_cache(target)
-    if len(prompt) > 1:
-        target(
-            input_ids=torch.tensor([prompt[:-1]], device=device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    drafter = Drafter(draft, vocab) if draft is not None else None
+    target.prefill(prompt[:-1])
+    drafter = Drafter(draft) if draft is not None else None
     if drafter is not None:
         drafter.prefill(prompt)
     stats.t_prefill = clock() - start
@@ -136,8 +163,8 @@ def _decode(
         tree = builder.freeze()
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
-        prefix = cache_length(cache)
-        logits = tree_forward(target, cache, tree)
+        prefix = target.length
+        logits = tree_forward(target, tree)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
         #    plus one more token from the target (its argmax, or a draw from the residual R, which
@@ -147,7 +174,7 @@ def _decode(
         else:
             path, bonus = sample_accept(tree, logits[:, :vocab], sampling, rng)
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
-        compact(cache, prefix, [prefix + i for i in [0, *path]])
+        target.compact(prefix, [prefix + i for i in [0, *path]])
         if drafter is not None:
             drafter.commit(path, bonus)
         new = tree.tokens[path].tolist() + [bonus]

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from .cache import cache_length
+from .cache import CachedModel
 from .sampling import SamplingConfig, draw, target_probs, uniform, without
-from .tree import TokenTree, ancestor_matrix, attention_mask, children_lists, position_ids
+from .tree import TokenTree, ancestor_matrix, children_lists, position_ids
 
 
 def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
@@ -106,20 +106,12 @@ def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
     return out if out is not None else r
 
 
-def tree_forward(model: torch.nn.Module, cache, tree: TokenTree) -> torch.Tensor:
+def tree_forward(kv: CachedModel, tree: TokenTree) -> torch.Tensor:
     """ONE target forward over every tree node; returns float logits ``[n, V]``.
 
-    4D additive mask (prefix + ancestors + self), positions ``prefix_len + depth``; the tree's
-    rows are appended to ``cache`` in tree order (the commit step then keeps the accepted ones).
+    Each node sees the cached prefix, its ancestors and itself, at position ``prefix_len + depth``;
+    the tree's rows are appended to the cache in tree order (commit then keeps the accepted ones).
     """
-    param = next(model.parameters())
-    prefix = cache_length(cache)
-    anc = ancestor_matrix(tree.parent, tree.depth)
-    out = model(
-        input_ids=tree.tokens.view(1, -1).to(param.device),
-        attention_mask=attention_mask(anc, prefix, param.dtype, param.device),
-        position_ids=position_ids(tree.depth, prefix).to(param.device),
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return out.logits[0].float()
+    prefix = kv.length
+    visible = ancestor_matrix(tree.parent, tree.depth)
+    return kv.forward(tree.tokens, position_ids(tree.depth, prefix)[0], visible, prefix)
