@@ -156,3 +156,14 @@ def test_compiled_static_engine_equals_target() -> None:
         out = dynatree.generate(m["target"], m["perturbed"], prompt(5, seed), "linear", max_new_tokens=20,
                                 eos_token_id=[], engine="static", compile=True, k=3)
         assert torch.equal(out.sequences, reference("llama", 5, seed, 20))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("engine", ["hf", "static"])
+@pytest.mark.parametrize("strategy", ["fixed", "dynatree", "dyspec"])
+def test_dfs_tree_order_equals_target(arch: str, engine: str, strategy: str) -> None:
+    """Verifying the tree in depth-first order (for the block-sparse kernel) changes nothing."""
+    m = models(arch)
+    out = dynatree.generate(m["target"], m["perturbed"], prompt(7, 4), strategy, max_new_tokens=30,
+                            eos_token_id=[], engine=engine, tree_order="dfs", **OPTIONS.get(strategy, {}))
+    assert torch.equal(out.sequences, reference(arch, 7, 4, 30))

@@ -136,18 +136,20 @@ class StaticCachedModel(CachedModel):
         capacity: int,
         compile: bool = False,
         compile_mode: str | None = None,
+        buckets: Sequence[int] | None = None,
     ) -> None:
         from transformers import StaticCache
 
         super().__init__(model, vocab_size)
-        self.capacity = capacity + self.BUCKETS[-1]  # room for the padding of the last call
+        self.buckets = tuple(sorted(buckets)) if buckets else self.BUCKETS
+        self.capacity = capacity + self.buckets[-1]  # room for the padding of the last call
         self.cache = StaticCache(config=model.config, max_cache_len=self.capacity)
         self._length = 0
         self._step = self._raw_step
         if compile:
             # One graph per (model, bucket): more than dynamo's default of 8 recompiles per code
             # object once target and draft share this method.
-            limit = 4 * len(self.BUCKETS)
+            limit = 4 * len(self.buckets)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
             self._step = torch.compile(self._raw_step, dynamic=False, mode=compile_mode)
 
@@ -180,11 +182,11 @@ class StaticCachedModel(CachedModel):
     ) -> torch.Tensor:
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         q, length = tokens.numel(), self._length
-        if length + q > self.capacity - self.BUCKETS[-1]:
-            raise DynaTreeError(f"static cache capacity {self.capacity - self.BUCKETS[-1]} exceeded ({length + q} rows)")
-        bucket = next((b for b in self.BUCKETS if b >= q), None)
+        if length + q > self.capacity - self.buckets[-1]:
+            raise DynaTreeError(f"static cache capacity {self.capacity - self.buckets[-1]} exceeded ({length + q} rows)")
+        bucket = next((b for b in self.buckets if b >= q), None)
         if bucket is None:
-            raise DynaTreeError(f"a call of {q} tokens exceeds the largest static bucket ({self.BUCKETS[-1]}); use engine='hf'")
+            raise DynaTreeError(f"a call of {q} tokens exceeds the largest static bucket ({self.buckets[-1]}); use engine='hf'")
         self.calls += 1
         ids = torch.zeros(1, bucket, dtype=torch.long)
         ids[0, :q] = tokens

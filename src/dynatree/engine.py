@@ -46,7 +46,9 @@ def generate(
     truncate_prompt: bool = False,
     allow_vocab_mismatch: bool = False,
     engine: str = "hf",
-    compile: bool = False,
+    compile: bool | str = False,
+    buckets: Sequence[int] | None = None,
+    tree_order: str = "bfs",
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -74,8 +76,13 @@ def generate(
             the target's vocabulary).
         engine: ``"hf"`` (dynamic HF cache, any tree size) or ``"static"`` (pre-allocated cache,
             tree sizes padded to buckets of up to 256 nodes; what ``compile`` needs).
-        compile: ``torch.compile`` the static engine's model calls (one graph per bucket; CUDA
-            graphs on GPU). Compiled engines are kept per model and reused across calls.
+        compile: ``torch.compile`` the static engine's model calls (one graph per bucket). True
+            picks ``mode="reduce-overhead"`` (CUDA graphs) on GPU and the default mode on CPU; a
+            string is passed as the mode. Compiled engines are kept per model and reused.
+        buckets: query-count buckets of the static engine (default 1, 2, 4, ..., 256): fewer
+            buckets mean fewer compiled graphs, more padding.
+        tree_order: ``"bfs"`` (creation order) or ``"dfs"`` (depth-first; makes the tree mask
+            block-sparse for the Triton tree-attention kernel, seed 003 App. C).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     policy = make_policy(strategy, **strategy_options)
@@ -98,20 +105,28 @@ def generate(
         raise DynaTreeError(f"unknown engine '{engine}': must be 'hf' or 'static'")
     if compile and engine != "static":
         raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
+    if tree_order not in ("bfs", "dfs"):
+        raise DynaTreeError(f"unknown tree_order '{tree_order}': must be 'bfs' or 'dfs'")
+    if buckets is not None and (not buckets or any(not isinstance(b, int) or b < 1 for b in buckets)):
+        raise DynaTreeError(f"buckets must be positive integers, got {buckets!r}")
+    mode = compile if isinstance(compile, str) else None
+    if compile is True and next(target.parameters()).device.type == "cuda":
+        mode = "reduce-overhead"
+    static = {"compile": bool(compile), "compile_mode": mode, "buckets": tuple(buckets) if buckets else None}
 
     with torch.inference_mode(), _eval_mode(models):
         rows = len(prompt) + max_new_tokens
-        target_kv = cached_model(target, vocab, engine, rows + StaticCachedModel.BUCKETS[-1], compile)
+        target_kv = cached_model(target, vocab, engine, rows + StaticCachedModel.BUCKETS[-1], static)
         draft_kv = None
         if policy.uses_draft:
-            draft_kv = cached_model(draft, vocab, engine, rows + 4 * StaticCachedModel.BUCKETS[-1], compile)
-        return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng)
+            draft_kv = cached_model(draft, vocab, engine, rows + 4 * StaticCachedModel.BUCKETS[-1], static)
+        return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order)
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, compile: bool) -> CachedModel:
+def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, static: dict[str, Any]) -> CachedModel:
     """A fresh model+cache for one generation; static ones are pooled per model.
 
     Compiled graphs are tied to the static cache's storage, so reusing the same object across
@@ -120,10 +135,10 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     if engine == "hf":
         return CachedModel(model, vocab)
     pool = _STATIC.setdefault(model, {})
-    key = (vocab, compile)
+    key = (vocab, *static.values())
     kv = pool.get(key)
-    if kv is None or kv.capacity - StaticCachedModel.BUCKETS[-1] < capacity:
-        kv = StaticCachedModel(model, vocab, capacity, compile=compile)
+    if kv is None or kv.capacity - kv.buckets[-1] < capacity:
+        kv = StaticCachedModel(model, vocab, capacity, **static)
         pool[key] = kv
     kv.reset()
     return kv
@@ -139,6 +154,7 @@ def _decode(
     vocab: int,
     sampling: SamplingConfig,
     rng: torch.Generator,
+    tree_order: str = "bfs",
 ) -> GenerationResult:
     clock = _Clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
@@ -164,7 +180,7 @@ def _decode(
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
         prefix = target.length
-        logits = tree_forward(target, tree)
+        logits, rows = tree_forward(target, tree, tree_order)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
         #    plus one more token from the target (its argmax, or a draw from the residual R, which
@@ -174,7 +190,7 @@ def _decode(
         else:
             path, bonus = sample_accept(tree, logits[:, :vocab], sampling, rng)
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
-        target.compact(prefix, [prefix + i for i in [0, *path]])
+        target.compact(prefix, rows[[0, *path]])
         if drafter is not None:
             drafter.commit(path, bonus)
         new = tree.tokens[path].tolist() + [bonus]

@@ -31,7 +31,7 @@ import torch
 
 from .cache import CachedModel
 from .sampling import SamplingConfig, draw, target_probs, uniform, without
-from .tree import TokenTree, ancestor_matrix, children_lists, position_ids
+from .tree import TokenTree, ancestor_matrix, children_lists, dfs_order, position_ids
 
 
 def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
@@ -106,12 +106,21 @@ def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
     return out if out is not None else r
 
 
-def tree_forward(kv: CachedModel, tree: TokenTree) -> torch.Tensor:
-    """ONE target forward over every tree node; returns float logits ``[n, V]``.
+def tree_forward(kv: CachedModel, tree: TokenTree, order: str = "bfs") -> tuple[torch.Tensor, torch.Tensor]:
+    """ONE target forward over every tree node; returns (float logits ``[n, V]``, cache rows ``[n]``).
 
-    Each node sees the cached prefix, its ancestors and itself, at position ``prefix_len + depth``;
-    the tree's rows are appended to the cache in tree order (commit then keeps the accepted ones).
+    Each node sees the cached prefix, its ancestors and itself, at position ``prefix_len + depth``.
+    ``order="dfs"`` feeds the nodes in depth-first order (DySpec App. C) so the tree mask is
+    block-sparse-friendly for the Triton kernel; logits come back in tree order either way, and
+    ``rows[i]`` is the cache row that node i's keys/values were written to.
     """
     prefix = kv.length
     visible = ancestor_matrix(tree.parent, tree.depth)
-    return kv.forward(tree.tokens, position_ids(tree.depth, prefix)[0], visible, prefix)
+    positions = position_ids(tree.depth, prefix)[0]
+    if order == "bfs":
+        return kv.forward(tree.tokens, positions, visible, prefix), torch.arange(prefix, prefix + tree.size)
+    perm = dfs_order(tree.parent)
+    rank = torch.empty_like(perm)
+    rank[perm] = torch.arange(tree.size)
+    logits = kv.forward(tree.tokens[perm], positions[perm], visible[perm][:, perm], prefix)
+    return logits[rank.to(logits.device)], rank + prefix
