@@ -23,7 +23,7 @@ def reference(q, k, v, mask):
     )
 
 
-@pytest.mark.parametrize("n_q, prefix, heads, kv_heads, dim", [(1, 0, 2, 2, 16), (5, 3, 4, 2, 16), (40, 70, 4, 1, 32), (33, 31, 2, 2, 64)])
+@pytest.mark.parametrize("n_q, prefix, heads, kv_heads, dim", [(1, 0, 2, 2, 16), (5, 3, 4, 2, 16), (40, 70, 4, 1, 32), (33, 31, 2, 2, 64), (9, 20, 2, 2, 80), (3, 5, 2, 1, 8)])
 def test_kernel_matches_sdpa(n_q: int, prefix: int, heads: int, kv_heads: int, dim: int) -> None:
     g = torch.Generator().manual_seed(n_q + prefix)
     n_k = prefix + n_q

@@ -27,15 +27,12 @@ def tree_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    d = query.shape[-1]
     usable = (
         attention_mask is not None
         and attention_mask.dim() == 4
         and attention_mask.dtype.is_floating_point
         and query.shape[0] == 1
         and query.shape[2] > 1
-        and d >= 16
-        and not d & (d - 1)
     )
     if not usable:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)

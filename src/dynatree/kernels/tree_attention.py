@@ -94,20 +94,25 @@ def tree_attention(
 ) -> torch.Tensor:
     """Attention of ``q [1, H, n_q, D]`` over ``k, v [1, H_kv, n_k, D]`` under a bool ``mask [n_q, n_k]``.
 
-    Returns ``[1, H, n_q, D]``. Only tiles with an allowed entry are computed. Head dim must be a
-    power of two >= 16 (Triton's dot); grouped-query attention is handled by head grouping.
+    Returns ``[1, H, n_q, D]``. Only tiles with an allowed entry are computed. A head dim that is
+    not a power of two >= 16 (Triton's block shapes) is zero-padded, which changes neither q·k nor
+    the kept output columns (Pythia-2.8B has 80). Grouped-query attention by head grouping.
     """
     if triton is None:
         raise RuntimeError("triton is not installed: pip install triton")
     _, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
-    if d < 16 or d & (d - 1):
-        raise ValueError(f"head dim {d} must be a power of two >= 16 for the Triton kernel")
     scale = d**-0.5 if scale is None else scale
+    padded = max(16, 1 << (d - 1).bit_length())
+    if padded != d:
+        pad = (0, padded - d)
+        q, k, v = (torch.nn.functional.pad(t, pad) for t in (q, k, v))
+        return tree_attention(q, k, v, mask, scale)[..., :d]
     tiles = block_map(mask, BLOCK)
     counts = tiles.sum(1).to(torch.int32)
     # Per query block, the indices of its non-empty key blocks (padded rows are never read).
     order = torch.argsort((~tiles).to(torch.int8), dim=1, stable=True).to(torch.int32).contiguous()
+    d = padded
     qf, kf, vf = q[0].contiguous(), k[0].contiguous(), v[0].contiguous()
     m = mask.to(torch.int8).contiguous()
     out = torch.empty_like(qf)

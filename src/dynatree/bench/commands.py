@@ -1,0 +1,263 @@
+"""``dynatree bench``, ``dynatree sweep`` and ``dynatree report``, registered on the main CLI app.
+
+Heavy modules (torch, transformers, matplotlib) are imported inside the commands so ``--help``
+stays fast. Every command writes results row by row (flush + fsync): Ctrl-C or a crash leaves all
+completed rows on disk, and running the same command again continues where it stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ..cli import app, friendly_errors, set_threads
+from ..errors import DynaTreeError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .metrics import Summary
+    from .runner import BenchSettings, Prompt
+    from .specs import StrategySpec
+
+DEFAULT_STRATEGIES = "autoregressive,linear,fixed,dynatree,dyspec,hf-assisted"
+STRATEGY_HELP = (
+    "Comma-separated specs NAME:key=value:...@LABEL (options and label optional), e.g. \"linear:k=8,fixed:depth=8:branch=3,dynatree\". "
+    "Names: autoregressive, linear, fixed, dynatree, dyspec, dyspec-threshold, hf-assisted; presets: seeds, "
+    "ablation. The same name may appear twice with different options. autoregressive is always run first."
+)
+
+# Options shared by bench and sweep (typer needs them spelled out per command).
+Target = Annotated[str, typer.Option(help="Target model: preset, HF id or local path.")]
+Draft = Annotated[str, typer.Option(help="Draft: preset, HF id, local path, early-exit:K, or 'default'.")]
+Dataset = Annotated[str, typer.Option(help="Prompt set: pydoc, licenses, wikitext2, pg19, or a .txt/.jsonl path.")]
+NumPrompts = Annotated[int, typer.Option(help="Measured prompts (warm-up runs come on top).")]
+MaxPrompt = Annotated[int, typer.Option(help="Prompt length cap in tokens (seeds: 800 WikiText-2, 1000 PG-19).")]
+MaxNew = Annotated[int, typer.Option(help="Tokens to generate per prompt (T).")]
+Warmup = Annotated[int, typer.Option(help="Unrecorded warm-up passes of every strategy before measuring.")]
+WarmupTokens = Annotated[int, typer.Option(help="Tokens per warm-up run (capped at --max-new-tokens).")]
+Output = Annotated[Path, typer.Option(help="Results JSONL (appended; an existing file is resumed).")]
+Threads = Annotated[int | None, typer.Option(help="torch CPU threads (fix it for stable timings).")]
+Dtype = Annotated[str, typer.Option(help="float32 | float16 | bfloat16")]
+Device = Annotated[str, typer.Option(help="cpu | cuda | cuda:N")]
+Seed = Annotated[int, typer.Option(help="Prompt sampling seed.")]
+Overwrite = Annotated[bool, typer.Option(help="Start a fresh results file instead of resuming.")]
+Progress = Annotated[bool, typer.Option(help="Show a progress bar.")]
+Engine = Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allocated cache, bucketed trees).")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")]
+
+
+def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
+            ) -> tuple[torch.nn.Module, torch.nn.Module | None, Any, str | None]:
+    from .. import models
+
+    torch_dtype = models.parse_dtype(dtype)
+    tmodel, tokenizer = models.load_model(target, dtype=torch_dtype, device=device)
+    if not needs_draft:
+        return tmodel, None, tokenizer, None
+    draft_name = models.DEFAULT_DRAFT if draft == "default" else draft
+    dmodel = models.resolve_draft(draft_name, tmodel, dtype=torch_dtype, device=device)
+    return tmodel, dmodel, tokenizer, draft_name
+
+
+def _prompts(dataset: str, tokenizer: Any, num_prompts: int, max_prompt_tokens: int, seed: int) -> list[Prompt]:
+    from .datasets import load_prompt_ids
+    from .runner import Prompt
+
+    ids = load_prompt_ids(dataset, tokenizer, num_prompts, max_prompt_tokens, seed)
+    name = Path(dataset).name if ("/" in dataset or "." in dataset) else dataset
+    return [Prompt(id=f"{name}:{seed}:{i}", ids=tuple(p[:max_prompt_tokens])) for i, p in enumerate(ids)]
+
+
+def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) -> list[StrategySpec]:
+    """HF assisted generation needs a HF model as draft; the distilled/early-exit drafts are not."""
+    if draft is None or hasattr(draft, "generation_config") and hasattr(draft, "generate"):
+        return specs
+    hf = [s for s in specs if s.name == "hf-assisted"]
+    if hf and explicit:
+        raise DynaTreeError(
+            f"hf-assisted needs a HuggingFace model as draft, not {type(draft).__name__}; pass --draft with a "
+            "model name/path, or drop hf-assisted from --strategies"
+        )
+    if hf:
+        typer.secho(f"note: hf-assisted skipped: the draft ({type(draft).__name__}) is not a HuggingFace "
+                    "model that generate(assistant_model=...) accepts", fg=typer.colors.YELLOW, err=True)
+    return [s for s in specs if s.name != "hf-assisted"]
+
+
+def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens: int, max_prompt_tokens: int,
+              dtype: str, device: str, seed: int, engine: str, compile: bool) -> BenchSettings:
+    import torch
+
+    from .runner import BenchSettings
+
+    return BenchSettings(target=target, draft=draft_name, dataset=dataset, max_new_tokens=max_new_tokens,
+                         max_prompt_tokens=max_prompt_tokens, dtype=dtype, device=device,
+                         threads=torch.get_num_threads(), engine=engine, compile=compile,
+                         extra={"prompt_seed": seed})
+
+
+def print_summary(summaries: list[Summary], title: str) -> None:
+    """The final terminal table (rich): one line per strategy of a run group."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_style="bold")
+    for col in ("strategy", "prompts", "tok/s", "speedup", "L̄", "accept.", "TTFT ms", "TPOT ms", "greedy ≠ AR"):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for s in summaries:
+        tps, acc, L = s.get("throughput"), s.get("acceptance"), s.get("L")
+        ttft, tpot = s.get("ttft"), s.get("tpot")
+        table.add_row(
+            s.label, str(s.prompts), tps.fmt(1) if tps else "—",
+            f"{s.speedup:.2f}×" if s.speedup is not None else "—",
+            f"{L.mean:.2f}" if L else "—", f"{acc.mean:.1%}" if acc else "—",
+            f"{ttft.mean * 1e3:.1f}" if ttft else "—", f"{tpot.mean * 1e3:.2f}" if tpot else "—",
+            "—" if s.strategy == "autoregressive" else (f"[red]{s.mismatches}[/red]" if s.mismatches else "0"),
+        )
+    console = Console(stderr=True)
+    if not console.is_terminal:  # piped/logged output: do not squeeze the table into 80 columns
+        console = Console(stderr=True, width=160)
+    console.print(table)
+
+
+def _run_saving(writer: Any, fn: Any) -> Any:
+    """Run ``fn``; on Ctrl-C say what is safe on disk and how to continue, then let the CLI exit 130."""
+    before = len(writer.done)
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted: {len(writer.done) - before} new row(s) are saved in {writer.path}; "
+                    "rerun the same command to continue", fg=typer.colors.YELLOW, err=True)
+        raise
+
+
+def _finish(outcomes: list[Any], output: Path) -> None:
+    from .metrics import summarize
+
+    new = sum(o.new_rows for o in outcomes)
+    resumed = sum(o.resumed_rows for o in outcomes)
+    for o in outcomes:
+        s0 = o.rows[0]["settings"]
+        print_summary(summarize(o.rows), f"{s0['dataset']} · T = {s0['max_new_tokens']} · {s0['dtype']} {s0['device']}"
+                                         f" · {s0['threads']} threads · group {o.group}")
+    mismatches = sum(len(o.mismatches) for o in outcomes)
+    typer.secho(f"{new} new row(s), {resumed} already in {output} (resumed)", err=True)
+    if mismatches:
+        typer.secho(f"WARNING: {mismatches} run(s) differ from the autoregressive greedy output "
+                    "(see the 'greedy ≠ AR' column and `dynatree report`)", fg=typer.colors.RED, err=True)
+    else:
+        typer.secho("greedy check: every run reproduced the autoregressive output", fg=typer.colors.GREEN, err=True)
+
+
+@app.command()
+@friendly_errors
+def bench(
+    target: Target = "smollm2-135m",
+    draft: Draft = "default",
+    strategies: Annotated[str, typer.Option(help=STRATEGY_HELP)] = DEFAULT_STRATEGIES,
+    dataset: Dataset = "pydoc",
+    num_prompts: NumPrompts = 10,
+    max_prompt_tokens: MaxPrompt = 256,
+    max_new_tokens: MaxNew = 128,
+    warmup: Warmup = 2,
+    warmup_tokens: WarmupTokens = 32,
+    output: Output = Path("results.jsonl"),
+    threads: Threads = None,
+    dtype: Dtype = "float32",
+    device: Device = "cpu",
+    seed: Seed = 0,
+    overwrite: Overwrite = False,
+    progress: Progress = True,
+    engine: Engine = "hf",
+    compile: Compile = False,
+) -> None:
+    """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
+    from .runner import run_bench
+    from .specs import parse_strategies
+    from .store import ResultsWriter
+
+    set_threads(threads)
+    specs = parse_strategies(strategies)  # validate before loading anything
+    tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, any(s.uses_draft for s in specs))
+    specs = _drop_unsupported_hf(specs, dmodel, explicit=strategies != DEFAULT_STRATEGIES)
+    prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
+    settings = _settings(target, draft_name, dataset, max_new_tokens, max_prompt_tokens, dtype, device, seed,
+                         engine, compile)
+    with ResultsWriter(output, overwrite=overwrite) as writer:
+        outcome = _run_saving(writer, lambda: run_bench(
+            tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=warmup,
+            warmup_tokens=warmup_tokens, progress=progress))
+    _finish([outcome], output)
+
+
+@app.command()
+@friendly_errors
+def sweep(
+    strategy: Annotated[str, typer.Option(help="Strategy to sweep, with fixed options: e.g. \"dynatree:history=false\".")],
+    grid: Annotated[list[str], typer.Option("--grid", "-g", help="Swept option name=v1,v2,... (repeatable).")],
+    baselines: Annotated[str, typer.Option(help="Extra strategies measured once per length (spec syntax as bench).")] = "autoregressive",
+    lengths: Annotated[str | None, typer.Option(help="Generation lengths to repeat the grid at, e.g. 100,200,500 (default: --max-new-tokens).")] = None,
+    target: Target = "smollm2-135m",
+    draft: Draft = "default",
+    dataset: Dataset = "pydoc",
+    num_prompts: NumPrompts = 5,
+    max_prompt_tokens: MaxPrompt = 256,
+    max_new_tokens: MaxNew = 128,
+    warmup: Warmup = 1,
+    warmup_tokens: WarmupTokens = 32,
+    output: Output = Path("sweep.jsonl"),
+    threads: Threads = None,
+    dtype: Dtype = "float32",
+    device: Device = "cpu",
+    seed: Seed = 0,
+    overwrite: Overwrite = False,
+    progress: Progress = True,
+    engine: Engine = "hf",
+    compile: Compile = False,
+) -> None:
+    """Sweep a grid of strategy options (resumable: rerun the same command to continue)."""
+    from .specs import parse_spec, parse_strategies
+    from .store import ResultsWriter
+    from .sweep import SweepGrid, parse_axis, run_sweep
+
+    set_threads(threads)
+    base = parse_spec(strategy)
+    axes = dict(parse_axis(g) for g in grid)
+    sweep_grid = SweepGrid(base.name, axes, base=base.options)
+    base_specs = parse_strategies(baselines)
+    T = [int(t) for t in lengths.split(",") if t.strip()] if lengths else [max_new_tokens]
+    if any(t < 1 for t in T):
+        raise DynaTreeError(f"--lengths must be positive integers, got {lengths}")
+    tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, True)
+    base_specs = _drop_unsupported_hf(base_specs, dmodel, explicit=True)
+    prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
+    settings = _settings(target, draft_name, dataset, T[0], max_prompt_tokens, dtype, device, seed,
+                         engine, compile)
+    typer.secho(f"sweep: {sweep_grid.size} configurations × {len(T)} length(s) × {len(prompts)} prompts",
+                err=True)
+    with ResultsWriter(output, overwrite=overwrite) as writer:
+        outcomes = _run_saving(writer, lambda: run_sweep(
+            tmodel, dmodel, prompts, sweep_grid, settings, writer, baselines=base_specs, lengths=T,
+            warmup=warmup, warmup_tokens=warmup_tokens, progress=progress))
+    _finish(outcomes, output)
+
+
+@app.command()
+@friendly_errors
+def report(
+    results: Annotated[Path, typer.Argument(help="Results JSONL from bench/sweep (several runs may share a file).")],
+    out: Annotated[Path, typer.Option("--out", help="Directory for report.md and the PNG figures.")] = Path("report"),
+) -> None:
+    """Turn results JSONL into markdown tables (shaped like the seeds') and PNG plots."""
+    from .report import build_report
+
+    rep = build_report(results, out)
+    if rep.skipped:
+        typer.secho(f"{results}: {rep.skipped_message}", fg=typer.colors.YELLOW, err=True)
+    typer.echo(f"wrote {rep.markdown} and {len(rep.figures)} figure(s) from {rep.rows} rows")
+
+
+__all__ = ["bench", "print_summary", "report", "sweep"]

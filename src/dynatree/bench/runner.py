@@ -1,0 +1,380 @@
+"""Run every strategy on the same prompts in one process and record one row per (prompt, strategy).
+
+Protocol (seeds S0/S1 §4, decisions in DESIGN.md):
+
+* the autoregressive baseline runs first on every prompt; prompts are the outer loop and the
+  strategies the inner one, so slow drifts of a noisy machine (CPU frequency, other processes)
+  hit every strategy alike instead of whichever happened to run last;
+* ``warmup`` extra passes (every strategy on the first prompts) run before measuring and are not
+  recorded -- the seeds discard their first W runs;
+* each strategy's greedy output is compared token by token with the autoregressive output of the
+  same prompt in the same run group, and every mismatch is recorded in the row (``greedy_match``,
+  ``first_mismatch``) and reported -- fp16/bf16 tree verification can flip near-ties, and a
+  harness that hid that would be lying;
+* ``hf-assisted`` is HuggingFace's own assisted generation with the same draft, timed by the same
+  clock; a streamer gives its TTFT and tokens per round, the drafting internals are not visible
+  so those fields are null.
+
+Rows are written through :class:`~dynatree.bench.store.ResultsWriter` as soon as they exist, so an
+interrupted run resumes where it stopped (rows are keyed, see ``store.row_key``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..engine import generate
+from ..errors import DynaTreeError
+from .specs import AUTOREGRESSIVE, HF_ASSISTED, StrategySpec
+from .store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
+from .sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
+
+RowCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as token ids; ``id`` must be stable across runs (it is part of the row key)."""
+
+    id: str
+    ids: tuple[int, ...]
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise DynaTreeError("a prompt needs a non-empty id")
+        if not self.ids:
+            raise DynaTreeError(f"prompt '{self.id}' has no tokens")
+        object.__setattr__(self, "ids", tuple(int(t) for t in self.ids))
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha256(",".join(map(str, self.ids)).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything that identifies a measurement besides strategy and prompt.
+
+    Rows with equal settings form one *run group*: they share the autoregressive reference used for
+    speedups and for the greedy-output check. Warm-up count is protocol, not identity, and is kept
+    out of the key so changing it does not re-run finished rows.
+    """
+
+    target: str
+    draft: str | None
+    dataset: str
+    max_new_tokens: int
+    max_prompt_tokens: int | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    engine: str = "hf"  # engine.generate's cache engine: "hf" (dynamic) or "static"; hf-assisted ignores it
+    compile: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise DynaTreeError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise DynaTreeError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.engine not in ("hf", "static"):
+            raise DynaTreeError(f"engine must be 'hf' or 'static', got {self.engine!r}")
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if isinstance(d["eos_token_id"], tuple):
+            d["eos_token_id"] = list(d["eos_token_id"])
+        return d
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one timed run produced (engine or HF)."""
+
+    output_ids: list[int]
+    stats: dict[str, Any]
+    per_round: list[dict[str, Any]]
+
+
+def first_mismatch(reference: Sequence[int], output: Sequence[int]) -> int | None:
+    """Index of the first differing token (a length difference counts); None if identical."""
+    for i, (a, b) in enumerate(zip(reference, output)):
+        if a != b:
+            return i
+    return None if len(reference) == len(output) else min(len(reference), len(output))
+
+
+# ----------------------------------------------------------------------------------- single runs
+def run_engine(
+    target: torch.nn.Module, draft: torch.nn.Module | None, prompt: Prompt, spec: StrategySpec,
+    settings: BenchSettings, max_new_tokens: int,
+) -> Measurement:
+    result = generate(
+        target,
+        draft if spec.uses_draft else None,
+        list(prompt.ids),
+        spec.name,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=_eos(settings),
+        seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees
+        engine=settings.engine,
+        compile=settings.compile,
+        **spec.options,
+    )
+    d = result.stats.to_dict()
+    per_round = d.pop("per_round")
+    out = result.sequences[0, result.stats.prompt_tokens:].tolist()
+    return Measurement(output_ids=out, stats=d, per_round=per_round)
+
+
+class _TimingStreamer:
+    """HF streamer that timestamps every ``put``: the first is the prompt, each later one a round."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.events: list[tuple[float, int]] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.events.append((self.clock(), int(value.numel())))
+
+    def end(self) -> None:
+        pass
+
+
+@contextmanager
+def _assistant_options(draft: torch.nn.Module, options: dict[str, Any]) -> Iterator[None]:
+    """HF reads assisted-decoding knobs from the *assistant's* generation config; set, then restore."""
+    gen = draft.generation_config
+    saved = {k: getattr(gen, k, None) for k in options}
+    for k, v in options.items():
+        setattr(gen, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(gen, k, v)
+
+
+def run_hf_assisted(
+    target: torch.nn.Module, draft: torch.nn.Module, prompt: Prompt, spec: StrategySpec,
+    settings: BenchSettings, max_new_tokens: int,
+) -> Measurement:
+    device = next(target.parameters()).device
+    clock = _clock(device)
+    streamer = _TimingStreamer(clock)
+    ids = torch.tensor([prompt.ids], device=device)
+    eos = _eos(settings)
+    kwargs: dict[str, Any] = {"eos_token_id": list(eos) if isinstance(eos, tuple) else eos} if eos is not None else {}
+    pad = getattr(target.generation_config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(target.generation_config, "eos_token_id", None)
+        pad = pad[0] if isinstance(pad, list) else pad
+    with torch.inference_mode(), _assistant_options(draft, spec.options):
+        start = clock()
+        out = target.generate(
+            ids, assistant_model=draft, do_sample=False, max_new_tokens=max_new_tokens,
+            min_new_tokens=0, streamer=streamer, pad_token_id=pad, **kwargs,
+        )
+        t_total = clock() - start
+    new = out[0, len(prompt.ids):].tolist()
+    rounds = [n for _, n in streamer.events[1:]]
+    ttft = streamer.events[1][0] - start if len(streamer.events) > 1 else t_total
+    n = len(new)
+    stats = {
+        "strategy": HF_ASSISTED, "prompt_tokens": len(prompt.ids), "new_tokens": n,
+        "rounds": len(rounds), "mean_committed": n / len(rounds) if rounds else None,
+        # HF does not expose what it drafted or accepted per round: unknown, not zero.
+        "mean_accepted": None, "acceptance": None, "mean_drafted": None, "mean_depth": None,
+        "draft_calls": None,
+        "tokens_per_second": n / t_total if t_total > 0 else 0.0,
+        "ttft": ttft, "tpot": (t_total - ttft) / (n - 1) if n > 1 else 0.0, "t_total": t_total,
+        "t_prefill": None, "t_draft": None, "t_verify": None, "t_commit": None,
+    }
+    return Measurement(output_ids=new, stats=stats, per_round=[{"committed": c} for c in rounds])
+
+
+def _eos(settings: BenchSettings) -> int | tuple[int, ...] | None:
+    return settings.eos_token_id
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    if device.type == "cuda":
+        def tick() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return tick
+    return time.perf_counter
+
+
+# ------------------------------------------------------------------------------------ the bench
+Runner = Callable[[torch.nn.Module, "torch.nn.Module | None", Prompt, StrategySpec, BenchSettings, int], Measurement]
+
+
+def _runner_for(spec: StrategySpec) -> Runner:
+    return run_hf_assisted if spec.name == HF_ASSISTED else run_engine  # type: ignore[return-value]
+
+
+@dataclass
+class BenchOutcome:
+    """Rows of this run group (earlier sessions' included), what was new, and the greedy check."""
+
+    rows: list[dict[str, Any]]
+    new_rows: int
+    resumed_rows: int
+    mismatches: list[dict[str, Any]]
+    group: str
+
+
+def run_bench(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    prompts: Sequence[Prompt],
+    specs: Sequence[StrategySpec],
+    settings: BenchSettings,
+    *,
+    writer: ResultsWriter | None = None,
+    warmup: int = 1,
+    warmup_tokens: int | None = None,
+    on_row: RowCallback | None = None,
+    progress: bool = True,
+    session: str | None = None,
+    origin: str = "bench",
+) -> BenchOutcome:
+    """Measure every spec on every prompt; see the module docstring for the protocol.
+
+    ``writer`` receives each row as soon as it is measured (and supplies the rows of an earlier,
+    interrupted run, which are skipped). ``on_row`` is called after each new row is stored.
+    ``origin`` ("bench" or "sweep") tells the report which tables a row belongs in.
+    """
+    specs = list(specs)
+    if not prompts:
+        raise DynaTreeError("no prompts to benchmark")
+    if not specs or specs[0].name != AUTOREGRESSIVE:
+        raise DynaTreeError("the first strategy must be autoregressive (the reference of every speedup)")
+    if draft is None and any(s.uses_draft for s in specs):
+        need = ", ".join(s.label for s in specs if s.uses_draft)
+        raise DynaTreeError(f"strategies {need} need a draft model")
+    if any(s.name == HF_ASSISTED for s in specs) and not hasattr(draft, "generation_config"):
+        raise DynaTreeError(
+            f"hf-assisted needs a HuggingFace model as draft (got {type(draft).__name__}, e.g. an early-exit "
+            "or distilled draft); drop hf-assisted or pass a standalone draft model"
+        )
+    if warmup < 0:
+        raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise DynaTreeError("prompt ids must be unique")
+
+    identity = settings.identity()
+    group = settings_group(identity)
+    session = session or uuid.uuid4().hex[:12]
+    done = writer.done if writer is not None else {}
+    device = next(target.parameters()).device
+    machine, versions = machine_info(), library_versions()
+    # The prompt's token hash is part of the key: if a prompt set changes, old rows are not reused.
+    plan = [(p, s, row_key(s.name, s.config, f"{p.id}#{p.sha}", identity)) for p in prompts for s in specs]
+    todo = [item for item in plan if item[2] not in done]
+
+    rows: list[dict[str, Any]] = []
+    mismatches: list[dict[str, Any]] = []
+    reference: dict[str, list[int]] = {}
+    bar = _progress(progress, warmup * len(specs) if todo else 0, len(todo))
+    with bar:
+        if todo:
+            wt = min(warmup_tokens or settings.max_new_tokens, settings.max_new_tokens)
+            for w in range(warmup):
+                for spec in specs:
+                    bar.describe(f"warm-up {w + 1}/{warmup} {spec.label}")
+                    _runner_for(spec)(target, draft, prompts[w % len(prompts)], spec, settings, wt)
+                    bar.advance_warmup()
+        for prompt, spec, key in plan:
+            if key in done:
+                row = done[key]
+            else:
+                bar.describe(f"{prompt.id} {spec.label}")
+                reset_peak_memory(device)
+                m = _runner_for(spec)(target, draft, prompt, spec, settings, settings.max_new_tokens)
+                mem, mem_kind = peak_memory_mb(device)
+                row = {
+                    "schema": SCHEMA_VERSION, "key": key, "group": group, "session": session, "origin": origin,
+                    "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "label": spec.label, "strategy": spec.name, "options": spec.options, "config": spec.config,
+                    "prompt_id": prompt.id, "prompt_sha": prompt.sha, "prompt_tokens": len(prompt.ids),
+                    "settings": identity, "warmup": warmup, "machine": machine, "versions": versions,
+                    "stats": m.stats, "per_round": m.per_round, "output_ids": m.output_ids,
+                    "peak_memory_mb": mem, "memory_kind": mem_kind,
+                }
+                ref = reference.get(prompt.id) if spec.name != AUTOREGRESSIVE else m.output_ids
+                if ref is None:  # should not happen: AR runs first for every prompt
+                    raise DynaTreeError(f"no autoregressive reference for prompt {prompt.id}")
+                row["first_mismatch"] = first_mismatch(ref, m.output_ids)
+                row["greedy_match"] = row["first_mismatch"] is None
+                if writer is not None:
+                    writer.append(row)
+                bar.advance()
+                if on_row is not None:
+                    on_row(row)
+            if spec.name == AUTOREGRESSIVE:
+                reference[prompt.id] = list(row["output_ids"])
+            if not row.get("greedy_match", True):
+                mismatches.append(row)
+            rows.append(row)
+    return BenchOutcome(rows=rows, new_rows=len(todo), resumed_rows=len(plan) - len(todo),
+                        mismatches=mismatches, group=group)
+
+
+class _Progress:
+    """A rich progress bar over prompts x strategies (plus warm-up), or nothing when disabled."""
+
+    def __init__(self, enabled: bool, warmup_total: int, total: int) -> None:
+        self.enabled = enabled
+        self.warmup_total, self.total = warmup_total, total
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._p = Progress(
+                TextColumn("[bold]{task.fields[what]:<40}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TimeRemainingColumn(), transient=False,
+            )
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            self._p.start()
+            if self.warmup_total:
+                self._w = self._p.add_task("warm-up", total=self.warmup_total, what="warm-up")
+            self._t = self._p.add_task("runs", total=self.total, what="runs")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._p.stop()
+
+    def describe(self, what: str) -> None:
+        if self.enabled:
+            task = self._w if what.startswith("warm-up") and self.warmup_total else self._t
+            self._p.update(task, what=what[:40])
+
+    def advance_warmup(self) -> None:
+        if self.enabled and self.warmup_total:
+            self._p.advance(self._w)
+
+    def advance(self) -> None:
+        if self.enabled:
+            self._p.advance(self._t)
+
+
+def _progress(enabled: bool, warmup_total: int, total: int) -> _Progress:
+    return _Progress(enabled, warmup_total, total)

@@ -1,0 +1,83 @@
+"""Machine, library versions and peak memory: what a result row needs to be interpretable later.
+
+Timings mean nothing without the machine (CPU model, cores, torch threads, GPU) and the library
+versions, so every row carries them. Peak memory follows the issue: on CUDA the allocator peak
+(``torch.cuda.max_memory_allocated``, reset before each run, so it is per run); on CPU the process
+RSS high-water mark from ``getrusage``, which the OS cannot reset, so it is the peak *so far in the
+process* (monotone across rows; compare strategies only via the CUDA figure or separate runs).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+from functools import lru_cache
+from importlib import metadata
+from typing import Any
+
+import torch
+
+PACKAGES = ("torch", "transformers", "dynatree", "numpy", "safetensors", "accelerate", "gguf")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware", "processor\t: arm")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def _static_machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+    if hasattr(os, "sched_getaffinity"):
+        info["cpus_usable"] = len(os.sched_getaffinity(0))
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+    else:
+        info["gpu"] = None
+    return info
+
+
+def machine_info() -> dict[str, Any]:
+    """Static machine facts plus the *current* torch thread count (the user may change it)."""
+    return {**_static_machine(), "torch_threads": torch.get_num_threads()}
+
+
+@lru_cache(maxsize=1)
+def library_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+
+
+def peak_memory_mb(device: torch.device | str) -> tuple[float, str]:
+    """(peak MiB, what was measured). See the module docstring for the CPU caveat."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.max_memory_allocated(dev) / 2**20, "cuda_max_allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    return rss * scale / 2**20, "process_rss_peak"

@@ -1,0 +1,323 @@
+"""Benchmark harness: metric arithmetic, greedy-output check, resumable sweeps, results file, report.
+
+Metric tests use hand-built rows whose expected values are computed by hand in the comments; the
+end-to-end tests use the tiny random models (2 prompts, 16 tokens) so the whole file stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dynatree.bench import runner as runner_mod
+from dynatree.bench.metrics import mean_std, row_metrics, seed_path_length, summarize
+from dynatree.bench.report import build_report
+from dynatree.bench.runner import BenchSettings, Prompt, first_mismatch, run_bench
+from dynatree.bench.specs import parse_strategies
+from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, load_results, parse_lines
+from dynatree.bench.sweep import SweepGrid, parse_axis, run_sweep
+from dynatree.cli import app
+from dynatree.errors import DynaTreeError
+from tiny import perturbed, tiny_model
+
+T = 16
+
+# ------------------------------------------------------------------------------ synthetic rows
+LINEAR_CFG = {"k": 4}
+FIXED_CFG = {"depth": 3, "branch": 2, "tau": 0.1, "max_nodes": 256, "root_branching": False, "prune": "keep"}
+
+
+def dyna_cfg(breadth: bool, depth: bool, history: bool, **over: Any) -> dict[str, Any]:
+    cfg = {"b_min": 1, "b_mid": 2, "b_max": 3, "d0": 5, "d_max": 8, "tau_h": 0.9, "history": history,
+           "adaptive_breadth": breadth, "adaptive_depth": depth}
+    cfg.update(over)
+    return cfg
+
+
+def make_row(group: str, label: str, strategy: str, prompt: str, tps: float, *, config: dict | None = None,
+             accepted: list[int] | None = None, drafted: int = 0, origin: str = "bench", dataset: str = "wt2",
+             max_new_tokens: int = 100, match: bool = True, mem: float = 1000.0, session: str = "s1") -> dict:
+    """A result row whose stats follow from ``tps`` and the per-round accepted counts."""
+    accepted = accepted if accepted is not None else [0] * 4
+    committed = [a + 1 for a in accepted]
+    new = sum(committed)
+    total = new / tps
+    per_round = [{"committed": c, "accepted": a, "drafted": drafted, "depth": 1, "draft_calls": 1,
+                  "t_draft": 0.1 * total / len(accepted), "t_verify": 0.5 * total / len(accepted),
+                  "t_commit": 0.1 * total / len(accepted), "policy_state": {}} for c, a in zip(committed, accepted)]
+    stats = {"strategy": strategy, "prompt_tokens": 10, "new_tokens": new, "rounds": len(accepted),
+             "mean_committed": new / len(accepted), "mean_accepted": sum(accepted) / len(accepted),
+             "acceptance": (sum(accepted) / (drafted * len(accepted))) if drafted else 0.0,
+             "mean_drafted": float(drafted), "mean_depth": 1.0, "draft_calls": len(accepted),
+             "tokens_per_second": tps, "ttft": 0.01, "tpot": 0.002, "t_total": total, "t_prefill": 0.2 * total,
+             "t_draft": 0.1 * total, "t_verify": 0.5 * total, "t_commit": 0.1 * total}
+    settings = {"target": "t", "draft": "d", "dataset": dataset, "max_new_tokens": max_new_tokens,
+                "max_prompt_tokens": 800, "dtype": "float32", "device": "cpu", "threads": 2}
+    return {"schema": SCHEMA_VERSION, "key": f"{group}/{label}/{prompt}", "group": group, "session": session,
+            "origin": origin, "label": label, "strategy": strategy, "options": {}, "config": config or {},
+            "prompt_id": prompt, "settings": settings, "stats": stats, "per_round": per_round,
+            "greedy_match": match, "first_mismatch": None if match else 3, "peak_memory_mb": mem,
+            "memory_kind": "cuda_max_allocated", "machine": {"cpu": "test-cpu", "cpu_count": 2, "torch_threads": 2},
+            "versions": {"torch": "x"}}
+
+
+# ------------------------------------------------------------------------------ metric arithmetic
+def test_mean_std_is_sample_std() -> None:
+    agg = mean_std([1.0, 2.0, 3.0, None])
+    assert agg is not None and agg.n == 3
+    assert agg.mean == pytest.approx(2.0) and agg.std == pytest.approx(1.0)  # sqrt((1+0+1)/2)
+    assert mean_std([5.0]).std == 0.0
+    assert mean_std([None]) is None
+
+
+def test_row_metrics_and_seed_acceptance_by_hand() -> None:
+    # linear K=4, rounds accepted 4, 2, 0 -> committed 5, 3, 1 = 9 tokens in 3 rounds.
+    row = make_row("g", "linear", "linear", "p0", 90.0, config=LINEAR_CFG, accepted=[4, 2, 0], drafted=4)
+    m = row_metrics(row)
+    assert m["L"] == pytest.approx(3.0)  # 9 / 3
+    assert m["ell"] == pytest.approx(2.0)  # 6 / 3
+    assert m["acceptance"] == pytest.approx(0.5)  # 6 accepted / 12 drafted
+    assert m["seed_path_length"] == pytest.approx(3.0)  # (5 + 3 + 1) / 3: the seeds count the bonus
+    assert m["seed_acceptance"] == pytest.approx(0.75)  # ℓ̄_seed / K = 3 / 4
+    assert m["t_other"] == pytest.approx(0.1 * 9 / 90.0)  # total - (0.2 + 0.1 + 0.5 + 0.1) * total
+    # fixed tree D=3 -> denominator D + 2 = 5; DynaTree D_0 = 5 -> 7.
+    fixed = make_row("g", "f", "fixed", "p0", 90.0, config=FIXED_CFG, accepted=[4, 2, 0], drafted=6)
+    assert row_metrics(fixed)["seed_acceptance"] == pytest.approx(3.0 / 5)
+    dyna = make_row("g", "d", "dynatree", "p0", 90.0, config=dyna_cfg(True, True, True), accepted=[6, 6], drafted=10)
+    assert row_metrics(dyna)["seed_acceptance"] == pytest.approx(7.0 / 7)  # 100 %: the seeds' definition can hit >= 1
+    ar = make_row("g", "autoregressive", "autoregressive", "p0", 50.0)
+    assert row_metrics(ar)["acceptance"] is None and row_metrics(ar)["seed_acceptance"] is None
+    assert seed_path_length([]) is None
+
+
+def test_speedup_is_against_the_same_groups_autoregressive_run() -> None:
+    rows = [
+        # group A: AR 100, 120 (mean 110); linear 165, 165 -> speedup 1.5; per-prompt 1.65, 1.375
+        make_row("A", "autoregressive", "autoregressive", "p0", 100.0, mem=1000.0),
+        make_row("A", "autoregressive", "autoregressive", "p1", 120.0, mem=1000.0),
+        make_row("A", "linear", "linear", "p0", 165.0, config=LINEAR_CFG, mem=1030.0),
+        make_row("A", "linear", "linear", "p1", 165.0, config=LINEAR_CFG, mem=1030.0, match=False),
+        # group B: a faster machine; AR 200, linear 220, 260 -> 1.2 (NOT 240 / 110)
+        make_row("B", "autoregressive", "autoregressive", "p0", 200.0, session="s2"),
+        make_row("B", "autoregressive", "autoregressive", "p1", 200.0, session="s3"),
+        make_row("B", "linear", "linear", "p0", 220.0, config=LINEAR_CFG, session="s2"),
+        make_row("B", "linear", "linear", "p1", 260.0, config=LINEAR_CFG, session="s3"),
+    ]
+    by = {(s.group, s.label): s for s in summarize(rows)}
+    a, b = by[("A", "linear")], by[("B", "linear")]
+    assert a.speedup == pytest.approx(1.5)
+    assert a.speedup_per_prompt.mean == pytest.approx((1.65 + 1.375) / 2)
+    assert a.get("throughput").mean == pytest.approx(165.0) and a.get("throughput").std == 0.0
+    assert a.mismatches == 1 and a.memory_change == pytest.approx(0.03)
+    assert a.sessions == 1 and by[("B", "linear")].sessions == 2
+    assert b.speedup == pytest.approx(1.2)
+    assert by[("A", "autoregressive")].speedup == pytest.approx(1.0)
+    assert a.time_split["verify"] == pytest.approx(0.5) and a.time_split["other"] == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------------------ strategy specs
+def test_strategy_spec_syntax() -> None:
+    specs = parse_strategies("linear:k=5,linear:k=8@long,fixed:depth=8:branch=3:tau=0.1,hf-assisted")
+    assert [s.label for s in specs] == ["autoregressive", "linear:k=5", "long", "fixed:depth=8:branch=3:tau=0.1",
+                                        "hf-assisted"]
+    assert specs[2].options == {"k": 8} and specs[3].config["max_nodes"] == 256  # defaults resolved
+    assert [s.label for s in parse_strategies("ablation")][1:] == ["dynatree-static", "dynatree-no-history",
+                                                                    "dynatree-full"]
+    for bad in ("linear:k=5,linear:k=5", "linear:kk=5", "linear:k", "nope", "linear:k=0", "hf-assisted:k=3"):
+        with pytest.raises(DynaTreeError):
+            parse_strategies(bad)
+
+
+def test_first_mismatch() -> None:
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch([1, 2, 3], [1, 9, 3]) == 1
+    assert first_mismatch([1, 2, 3], [1, 2]) == 2
+
+
+# ------------------------------------------------------------------------------ end-to-end runs
+@pytest.fixture(scope="module")
+def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    target = tiny_model("llama", seed=0)
+    return target, perturbed(target, noise=0.05)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[Prompt]:
+    g = torch.Generator().manual_seed(0)
+    return [Prompt(f"p{i}", tuple(torch.randint(2, 96, (10,), generator=g).tolist())) for i in range(2)]
+
+
+def settings(**over: Any) -> BenchSettings:
+    base = dict(target="tiny-llama", draft="tiny-llama-perturbed", dataset="random", max_new_tokens=T,
+                eos_token_id=())
+    base.update(over)
+    return BenchSettings(**base)
+
+
+def test_runner_all_strategies_match_autoregressive(pair, prompts, tmp_path: Path) -> None:
+    target, draft = pair
+    specs = parse_strategies("linear:k=3,fixed:depth=2:branch=2,dynatree,hf-assisted")
+    with ResultsWriter(tmp_path / "r.jsonl") as w:
+        out = run_bench(target, draft, prompts, specs, settings(), writer=w, warmup=1, progress=False)
+    assert out.new_rows == 10 and out.mismatches == []
+    rows = load_results(tmp_path / "r.jsonl").rows
+    assert len(rows) == 10 and all(r["greedy_match"] for r in rows)
+    for r in rows:  # provenance and full config in every row
+        assert r["settings"]["dtype"] == "float32" and r["machine"]["torch_threads"] >= 1
+        assert "torch" in r["versions"] and r["memory_kind"] == "process_rss_peak"
+        assert len(r["output_ids"]) == T and r["stats"]["new_tokens"] == T
+    fixed = next(r for r in rows if r["strategy"] == "fixed")
+    assert fixed["config"]["tau"] == 0.1 and fixed["config"]["depth"] == 2
+    hf = next(r for r in rows if r["strategy"] == "hf-assisted")
+    assert hf["stats"]["acceptance"] is None and hf["stats"]["rounds"] == len(hf["per_round"]) >= 1
+    assert sum(p["committed"] for p in hf["per_round"]) == T
+
+
+def test_runner_detects_and_counts_mismatches(pair, prompts, monkeypatch) -> None:
+    real = runner_mod.run_engine
+
+    def wrong(target, draft, prompt, spec, s, max_new_tokens):  # a deliberately broken "linear"
+        m = real(target, draft, prompt, spec, s, max_new_tokens)
+        if spec.name != "linear":
+            return m
+        ids = list(m.output_ids)
+        ids[5] = (ids[5] + 1) % 96
+        return runner_mod.Measurement(ids, m.stats, m.per_round)
+
+    monkeypatch.setattr(runner_mod, "run_engine", wrong)
+    out = run_bench(*pair, prompts, parse_strategies("linear:k=3,fixed"), settings(), warmup=0, progress=False)
+    assert len(out.mismatches) == 2 and {r["label"] for r in out.mismatches} == {"linear:k=3"}
+    assert all(r["first_mismatch"] == 5 and r["greedy_match"] is False for r in out.mismatches)
+    assert next(s for s in summarize(out.rows) if s.label == "linear:k=3").mismatches == 2
+
+
+def test_sweep_resumes_after_interruption_without_duplicates(pair, prompts, tmp_path: Path) -> None:
+    path = tmp_path / "sweep.jsonl"
+    grid = SweepGrid("fixed", dict([parse_axis("depth=1,2"), parse_axis("branch=1,2")]), base={"tau": 0.05})
+    assert grid.size == 4
+
+    class Crash(Exception):
+        pass
+
+    seen: list[str] = []
+
+    def crash_after_three(row: dict) -> None:
+        seen.append(row["key"])
+        if len(seen) == 3:
+            raise Crash
+
+    with pytest.raises(Crash), ResultsWriter(path) as w:
+        run_sweep(*pair, prompts, grid, settings(), w, warmup=0, on_row=crash_after_three, progress=False)
+    assert len(load_results(path).rows) == 3
+    with path.open("a") as fh:  # a torn line, as a kill -9 mid-write would leave
+        fh.write('{"schema": 1, "key": "tor')
+    with ResultsWriter(path) as w:
+        outs = run_sweep(*pair, prompts, grid, settings(), w, warmup=0, progress=False)
+    assert outs[0].new_rows == 7 and outs[0].resumed_rows == 3  # 5 specs x 2 prompts = 10
+    loaded = load_results(path)
+    keys = [r["key"] for r in loaded.rows]
+    assert len(keys) == len(set(keys)) == 10 and loaded.corrupt == 1 and loaded.duplicates == 0
+    assert {(r["label"], r["prompt_id"]) for r in loaded.rows} == {
+        (lab, p.id) for lab in ["autoregressive", *(f"fixed:tau=0.05:depth={d}:branch={b}" for d in (1, 2)
+                                                     for b in (1, 2))] for p in prompts}
+    assert all(r["origin"] == "sweep" for r in loaded.rows)
+
+
+def test_invalid_grid_point_fails_before_running() -> None:
+    with pytest.raises(DynaTreeError, match="grid point"):
+        SweepGrid("dynatree", {"tau_l": [0.3, 0.95]})  # tau_l must stay below tau_h = 0.9
+
+
+# ------------------------------------------------------------------------------ results file
+def test_corrupt_and_incompatible_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    good = make_row("g", "autoregressive", "autoregressive", "p0", 100.0)
+    other = dict(good, key="k2", schema=SCHEMA_VERSION + 1)
+    lines = [json.dumps(good), "not json at all", json.dumps(other), json.dumps(good), '{"schema": 1, "ke',
+             json.dumps([1, 2]), json.dumps({"schema": SCHEMA_VERSION, "key": "x"}), ""]
+    loaded = parse_lines(lines)
+    assert len(loaded.rows) == 1
+    assert (loaded.corrupt, loaded.incompatible, loaded.duplicates) == (4, 1, 1)
+    assert "skipped 6" in loaded.skipped_message()
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(lines))
+    assert load_results(path).skipped == 6
+
+
+# ------------------------------------------------------------------------------ report
+def report_fixture() -> list[dict]:
+    rows = []
+    for ds, scale in (("wt2", 1.0), ("pg19", 0.5)):
+        g = f"main-{ds}"
+        for p, ar in (("p0", 100.0), ("p1", 120.0)):
+            rows.append(make_row(g, "autoregressive", "autoregressive", p, ar * scale, dataset=ds))
+        for p, tps in (("p0", 160.0), ("p1", 170.0)):
+            rows.append(make_row(g, "linear:k=4", "linear", p, tps * scale, config=LINEAR_CFG, dataset=ds,
+                                 accepted=[3, 3], drafted=4))
+        variants = [("dynatree-static", (False, False, False), 150.0), ("dynatree-no-history", (True, True, False), 180.0),
+                    ("dynatree-full", (True, True, True), 195.0)]
+        for label, flags, tps in variants:
+            for p in ("p0", "p1"):
+                rows.append(make_row(g, label, "dynatree", p, tps * scale, config=dyna_cfg(*flags), dataset=ds,
+                                     accepted=[5, 6], drafted=10))
+    # a sweep at two generation lengths over (tau_h, b_max)
+    for length, ar in ((100, 100.0), (200, 100.0)):
+        g = f"sweep-{length}"
+        rows.append(make_row(g, "autoregressive", "autoregressive", "p0", ar, origin="sweep", max_new_tokens=length))
+        for tau_h in (0.7, 0.9):
+            for b_max in (2, 3, 4):
+                tps = 100.0 + 100 * tau_h + 10 * b_max + (length - 100) / 10
+                label = f"dynatree:tau_h={tau_h}:b_max={b_max}"
+                rows.append(make_row(g, label, "dynatree", "p0", tps, origin="sweep", max_new_tokens=length,
+                                     config=dyna_cfg(True, True, True, tau_h=tau_h, b_max=b_max), accepted=[2, 4],
+                                     drafted=8))
+    return rows
+
+
+def test_report_writes_tables_and_figures(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in report_fixture()) + "\n{broken\n")
+    rep = build_report(path, tmp_path / "out")
+    md = rep.markdown.read_text()
+    assert rep.skipped == 1 and "skipped 1 line(s): 1 corrupt" in md
+    # Main table, WikiText-2 block: AR 110.0 ± 14.1 (sd of 100, 120), linear 165 / 110 = 1.50×
+    assert "| autoregressive | 110.0 ± 14.1 | 1.00× | 55.0 ± 7.1 | 1.00× |" in md
+    assert "| linear:k=4 | 165.0 ± 7.1 | 1.50× | 82.5 ± 3.5 | 1.50× |" in md
+    # Efficiency: linear accepted 3 of 4 drafted = 75.0 %; seeds' def. (3 + 1) / 4 = 100.0 %; L̄ 4.00
+    assert "| linear:k=4 | 75.0% | 100.0% | 4.00 | 3.00 | 2.0 |" in md
+    # Ablation: 150 -> 180 (+20.0 %) -> 195 (+30.0 %)
+    assert "+ Dynamic breadth & depth [dynatree-no-history] | 180.0 ± 0.0 | 1.64× | +20.0%" in md
+    assert "+ History adaptation [dynatree-full] | 195.0 ± 0.0 | 1.77× | +30.0%" in md
+    # Sensitivity: best at T=100 is tau_h=0.9, b_max=4: 100 + 90 + 40 = 230 t/s = 2.30×
+    assert "| **dynatree** | 4 | 0.9 | **230.0 ± 0.0** | **2.30×** |" in md  # columns in config order
+    assert "| 200 | dynatree:tau_h=0.9:b_max=4 | 100.0 | 240.0 | 2.40× |" in md  # best config per length
+    # Length scaling: the same config at T=200 is 240 t/s = 2.40×
+    assert "| dynatree:tau_h=0.9:b_max=4 | 2.30× | 2.40× |" in md
+    names = {f.name for f in rep.figures}
+    assert {"throughput-1-wt2.png", "tokens-per-round-1-wt2.png", "speedup-vs-length-1.png"} <= names
+    assert any(n.startswith("sensitivity-") for n in names)
+    for fig in rep.figures:
+        assert fig.exists() and fig.stat().st_size > 5000 and f"]({fig.name})" in md
+
+
+def test_report_cli(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in report_fixture()) + "\n")
+    res = CliRunner().invoke(app, ["report", str(path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "report.md").exists()
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_bench_and_sweep_cli_reject_bad_specs_before_loading_models(tmp_path: Path) -> None:
+    out = str(tmp_path / "r.jsonl")
+    res = CliRunner().invoke(app, ["bench", "--strategies", "linear:kk=3", "--output", out])
+    assert res.exit_code == 2 and "unknown option(s) kk" in res.output
+    res = CliRunner().invoke(app, ["sweep", "--strategy", "fixed", "--grid", "depth=2,0x", "--output", out])
+    assert res.exit_code == 2 and "grid point" in res.output
+    assert not (tmp_path / "r.jsonl").exists()
