@@ -150,7 +150,9 @@ class StaticCachedModel(CachedModel):
             # One graph per (model, bucket): more than dynamo's default of 8 recompiles per code
             # object once target and draft share this method.
             limit = 4 * len(self.buckets)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+            cfg = torch._dynamo.config
+            name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            setattr(cfg, name, max(getattr(cfg, name), limit))
             self._step = torch.compile(self._raw_step, dynamic=False, mode=compile_mode)
 
     @property
@@ -201,7 +203,8 @@ class StaticCachedModel(CachedModel):
         logits = self._step(ids.to(self.device), mask.view(1, 1, bucket, -1).to(self.device), pos.to(self.device))
         self._set_length(length + q)
         rows = logits[0, q - 1 : q] if last_only else logits[0, :q]
-        return rows[:, : self.vocab_size].float()
+        # clone: a CUDA-graph replay reuses its output buffer on the next call
+        return rows[:, : self.vocab_size].float().clone()
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         keep_t = torch.as_tensor(keep, dtype=torch.long)

@@ -49,6 +49,8 @@ def generate(
     compile: bool | str = False,
     buckets: Sequence[int] | None = None,
     tree_order: str = "bfs",
+    stop_strings: str | Sequence[str] | None = None,
+    tokenizer: Any = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -81,6 +83,9 @@ def generate(
             string is passed as the mode. Compiled engines are kept per model and reused.
         buckets: query-count buckets of the static engine (default 1, 2, 4, ..., 256): fewer
             buckets mean fewer compiled graphs, more padding.
+        stop_strings: stop once the generated text contains one of these (the token completing it
+            is kept, as with HF ``generate(stop_strings=..., tokenizer=...)``); needs ``tokenizer``.
+        tokenizer: the tokenizer used to decode for ``stop_strings``.
         tree_order: ``"bfs"`` (creation order) or ``"dfs"`` (depth-first; makes the tree mask
             block-sparse for the Triton tree-attention kernel, seed 003 App. C).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
@@ -101,6 +106,14 @@ def generate(
     models = [target] + ([draft] if policy.uses_draft else [])
     prompt = _fit_positions(prompt, max_new_tokens, policy.max_depth(), models, truncate_prompt)
     stop = _eos_set(target, eos_token_id)
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]
+    if stop_strings:
+        if tokenizer is None:
+            raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
+        if any(not isinstance(x, str) or not x for x in stop_strings):
+            raise DynaTreeError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
+    stop_text = StopText(tokenizer, list(stop_strings)) if stop_strings else None
     if engine not in ("hf", "static"):
         raise DynaTreeError(f"unknown engine '{engine}': must be 'hf' or 'static'")
     if compile and engine != "static":
@@ -120,7 +133,8 @@ def generate(
         draft_kv = None
         if policy.uses_draft:
             draft_kv = cached_model(draft, vocab, engine, rows + 4 * StaticCachedModel.BUCKETS[-1], static)
-        return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order)
+        return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
+                       stop_text)
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -155,6 +169,7 @@ def _decode(
     sampling: SamplingConfig,
     rng: torch.Generator,
     tree_order: str = "bfs",
+    stop_text: "StopText | None" = None,
 ) -> GenerationResult:
     clock = _Clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
@@ -195,6 +210,9 @@ def _decode(
             drafter.commit(path, bonus)
         new = tree.tokens[path].tolist() + [bonus]
         new = _truncate(new, max_new_tokens - len(out), stop)
+        hit = stop_text is not None and stop_text.cut(out, new)
+        if hit:
+            new = new[:hit]
         out += new
         root = bonus
         t3 = clock()
@@ -216,13 +234,28 @@ def _decode(
             )
         )
         policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path)))
-        if new[-1] in stop:
+        if new[-1] in stop or hit:
             break
 
     stats.new_tokens = len(out)
     stats.t_total = clock() - start
     sequences = torch.tensor([prompt + out], dtype=torch.long)
     return GenerationResult(sequences=sequences, stats=stats)
+
+
+class StopText:
+    """Finds the first new token after which the generated text contains a stop string."""
+
+    def __init__(self, tokenizer: Any, strings: list[str]) -> None:
+        self.tokenizer, self.strings = tokenizer, strings
+
+    def cut(self, out: list[int], new: list[int]) -> int:
+        """1-based length of ``new`` to keep (0: no stop string completed in this round)."""
+        for j in range(1, len(new) + 1):
+            text = self.tokenizer.decode(out + new[:j])
+            if any(s in text for s in self.strings):
+                return j
+        return 0
 
 
 def _truncate(new: list[int], room: int, stop: set[int]) -> list[int]:
