@@ -1,0 +1,5 @@
+"""`python -m dynatree` runs the command line."""
+
+from dynatree.cli import app
+
+app()
