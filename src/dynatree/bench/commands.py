@@ -88,7 +88,7 @@ def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) 
 
 
 def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens: int, max_prompt_tokens: int,
-              dtype: str, device: str, seed: int, engine: str, compile: bool) -> BenchSettings:
+              dtype: str, device: str, seed: int, engine: str, compile: bool, temperature: float = 0.0) -> BenchSettings:
     import torch
 
     from .runner import BenchSettings
@@ -96,7 +96,7 @@ def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens:
     return BenchSettings(target=target, draft=draft_name, dataset=dataset, max_new_tokens=max_new_tokens,
                          max_prompt_tokens=max_prompt_tokens, dtype=dtype, device=device,
                          threads=torch.get_num_threads(), engine=engine, compile=compile,
-                         extra={"prompt_seed": seed})
+                         temperature=temperature, extra={"prompt_seed": seed})
 
 
 def print_summary(summaries: list[Summary], title: str) -> None:
@@ -173,6 +173,7 @@ def bench(
     progress: Progress = True,
     engine: Engine = "hf",
     compile: Compile = False,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (checked against AR); > 0 = lossless sampling (hf-assisted skipped).")] = 0.0,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from .runner import run_bench
@@ -184,8 +185,12 @@ def bench(
     tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, any(s.uses_draft for s in specs))
     specs = _drop_unsupported_hf(specs, dmodel, explicit=strategies != DEFAULT_STRATEGIES)
     prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
+    if temperature < 0:
+        raise DynaTreeError(f"--temperature must be >= 0, got {temperature}")
+    if temperature > 0:
+        specs = [s for s in specs if s.name != "hf-assisted"]
     settings = _settings(target, draft_name, dataset, max_new_tokens, max_prompt_tokens, dtype, device, seed,
-                         engine, compile)
+                         engine, compile, temperature)
     with ResultsWriter(output, overwrite=overwrite) as writer:
         outcome = _run_saving(writer, lambda: run_bench(
             tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=warmup,
