@@ -139,3 +139,6 @@ def main() -> None:  # pragma: no cover - console entry point
 
 
 from .bench import commands as _bench_commands  # noqa: E402,F401  (registers bench, sweep, report)
+from .distill import distill_cli  # noqa: E402
+
+app.command("distill")(friendly_errors(distill_cli))

@@ -1,0 +1,945 @@
+"""A small distilled draft model for a Llama-style target, trained offline on CPU.
+
+Why this exists: on a CPU the draft's per-token cost decides whether speculation wins at all. The
+obvious free drafts fail for the offline pair (SmolLM2-135M-Instruct): its first *k* layers plus the
+LM head agree with the full model's greedy token only 6-51% of the time, and any draft that keeps
+the full 49152-token head already costs about a quarter of a target step. So the draft here is
+
+* ``layers`` decoder layers of the target's own width and head layout, initialised from the
+  target's first layers (an HF :class:`~transformers.LlamaModel`, unmodified);
+* the target's token embedding, **shared** (not copied, not trained, not shipped);
+* a **reduced-vocabulary head** over the ``vocab_subset`` tokens the target predicts most often,
+  initialised from the target's tied embedding rows. Its logits are scattered back into the full
+  vocabulary; every other token gets a very negative *finite* logit, so it can never be the argmax
+  and softmax/log-softmax stay NaN-free.
+
+It is trained to imitate the target where the target is actually used: teacher-forced top-k
+next-token distributions of the target over offline prose prompts (Python's ``pydoc_data`` topics
+cleaned to prose paragraphs, the Debian licence texts) *and* over the target's own greedy
+continuations of those prompts (both raw continuation and chat-formatted requests), because in
+greedy speculative decoding every context the draft sees is target-generated text.
+
+The draft is called exactly like an HF causal LM (4D additive tree mask, explicit positions,
+``DynamicCache``), so the engine needs no special case for it.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, LlamaModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .errors import DynaTreeError
+
+DEFAULT_TARGET = "smollm2-135m"
+#: Where the shipped draft for the default target lives inside the package.
+SHIPPED_DRAFT = "assets/drafts/smollm2-135m-distilled"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+DATA_FILE = "data.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
+LOG_FILE = "train_log.jsonl"
+FINAL_DIR = "final"
+
+#: Chat requests wrapped around prose passages; the answers are the target's natural chat output.
+CHAT_INSTRUCTIONS = (
+    "Continue the following text.",
+    "Summarize the following text in a few sentences.",
+    "Explain the following passage in simple words.",
+    "What is the main point of this passage?",
+)
+_PROBE_ROWS = 8
+_PROBE_COLS = 4
+
+
+# ------------------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class TargetFingerprint:
+    """Identifies the target a draft was trained against: embedding shape plus a few sampled values.
+
+    Sampled values (compared with a tolerance) rather than a hash of raw bytes, so that the same
+    target loaded in another dtype (bf16, fp16) still matches, while a different model does not.
+    """
+
+    shape: tuple[int, int]
+    probe: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != 2 or min(self.shape) <= 0:
+            raise ValueError(f"fingerprint shape must be two positive ints, got {self.shape}")
+        if len(self.probe) != _PROBE_ROWS * _PROBE_COLS:
+            raise ValueError(f"fingerprint probe must hold {_PROBE_ROWS * _PROBE_COLS} values")
+
+    @classmethod
+    def of(cls, embedding: torch.Tensor) -> TargetFingerprint:
+        vocab, hidden = embedding.shape
+        rows = torch.linspace(0, vocab - 1, _PROBE_ROWS).round().long()
+        cols = torch.linspace(0, hidden - 1, _PROBE_COLS).round().long()
+        values = embedding.detach()[rows][:, cols].float().flatten().cpu()
+        return cls(shape=(int(vocab), int(hidden)), probe=tuple(round(float(v), 6) for v in values))
+
+    def matches(self, other: TargetFingerprint) -> bool:
+        if tuple(self.shape) != tuple(other.shape):
+            return False
+        a, b = torch.tensor(self.probe), torch.tensor(other.probe)
+        return bool(torch.allclose(a, b, rtol=1e-2, atol=1e-3))
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Architecture of a distilled draft; saved as ``config.json`` next to the weights."""
+
+    target_name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    hidden_act: str
+    rope_parameters: dict[str, Any]
+    vocab_subset: tuple[int, ...]
+    fingerprint: TargetFingerprint
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "max_position_embeddings"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        subset = self.vocab_subset
+        if not subset:
+            raise ValueError("vocab_subset must not be empty")
+        if list(subset) != sorted(set(subset)):
+            raise ValueError("vocab_subset must be strictly increasing token ids")
+        if subset[0] < 0 or subset[-1] >= self.vocab_size:
+            raise ValueError(f"vocab_subset ids must lie in [0, {self.vocab_size})")
+        if tuple(self.fingerprint.shape) != (self.vocab_size, self.hidden_size):
+            raise ValueError("fingerprint shape must equal (vocab_size, hidden_size)")
+
+    @classmethod
+    def from_target(cls, target: nn.Module, *, name: str, layers: int,
+                    vocab_subset: Sequence[int]) -> DraftConfig:
+        """Copy the target's layer geometry so target layers can initialise the draft's."""
+        c = target.config
+        heads = int(c.num_attention_heads)
+        if layers > int(c.num_hidden_layers):
+            raise DynaTreeError(f"the draft cannot have more layers ({layers}) than the target "
+                                f"({c.num_hidden_layers})")
+        return cls(
+            target_name=name,
+            vocab_size=int(c.vocab_size),
+            hidden_size=int(c.hidden_size),
+            intermediate_size=int(c.intermediate_size),
+            num_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+            rms_norm_eps=float(c.rms_norm_eps),
+            max_position_embeddings=int(c.max_position_embeddings),
+            hidden_act=str(c.hidden_act),
+            rope_parameters=dict(c.rope_parameters),
+            vocab_subset=tuple(sorted(int(t) for t in vocab_subset)),
+            fingerprint=TargetFingerprint.of(target.get_input_embeddings().weight),
+        )
+
+    def llama_config(self, vocab_size: int | None = None) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=self.vocab_size if vocab_size is None else vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings,
+            hidden_act=self.hidden_act,
+            rope_parameters=dict(self.rope_parameters),
+            tie_word_embeddings=False,
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> DraftConfig:
+        raw = json.loads(text)
+        fp = raw.pop("fingerprint")
+        return cls(**{**raw, "vocab_subset": tuple(raw["vocab_subset"]),
+                      "fingerprint": TargetFingerprint(tuple(fp["shape"]), tuple(fp["probe"]))})
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Everything that decides the trained weights (data, architecture, optimisation).
+
+    A checkpoint is only resumed when its ``DistillConfig`` equals the current one; the labelled
+    data file is reused when the data fields (:meth:`data_key`) are equal.
+    """
+
+    layers: int = 2
+    vocab_subset: int = 4096
+    steps: int = 600
+    batch: int = 16
+    seq_len: int = 160
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    top_k: int = 8
+    prompt_tokens: int = 96
+    new_tokens: int = 64
+    train_sequences: int = 768
+    eval_sequences: int = 64
+    chat_fraction: float = 0.5
+    gen_batch: int = 32
+    holdout_every: int = 8
+    checkpoint_every: int = 50
+    eval_every: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("layers", "vocab_subset", "steps", "batch", "seq_len", "top_k",
+                    "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
+                    "gen_batch", "holdout_every", "checkpoint_every", "eval_every")
+        for name in positive:
+            if int(getattr(self, name)) <= 0:
+                raise DynaTreeError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if not self.lr > 0 or self.warmup < 0 or self.weight_decay < 0:
+            raise DynaTreeError("lr must be > 0; warmup and weight_decay must be >= 0")
+        if not 0.0 <= self.chat_fraction <= 1.0:
+            raise DynaTreeError(f"chat_fraction must lie in [0, 1], got {self.chat_fraction}")
+        if self.seq_len > self.prompt_tokens + self.new_tokens:
+            raise DynaTreeError(f"seq_len ({self.seq_len}) cannot exceed prompt_tokens + new_tokens "
+                                f"({self.prompt_tokens + self.new_tokens}): every labelled "
+                                "sequence has exactly that length")
+        if self.holdout_every < 2:
+            raise DynaTreeError("holdout_every must be >= 2 (1 would hold out every document)")
+
+    def data_key(self) -> dict[str, Any]:
+        keys = ("top_k", "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
+                "chat_fraction", "holdout_every", "seed")
+        return {k: getattr(self, k) for k in keys}
+
+
+# ------------------------------------------------------------------------------------ the draft
+class DistilledDraft(nn.Module):
+    """``layers`` Llama decoder layers + reduced-vocabulary head over a shared, frozen embedding.
+
+    Called like an HF causal LM: ``draft(input_ids, attention_mask=4D additive mask,
+    position_ids, past_key_values=DynamicCache, use_cache=True, logits_to_keep=0)`` returns
+    ``.logits`` of shape ``[batch, n, vocab_size]`` over the *full* vocabulary.
+
+    The target's embedding is held by reference and deliberately *not* registered as a submodule:
+    ``draft.to(...)``, ``draft.parameters()`` and ``draft.state_dict()`` then never touch the
+    target's weights, and the draft's files never contain them.
+    """
+
+    def __init__(self, config: DraftConfig, embedding: nn.Embedding) -> None:
+        super().__init__()
+        if tuple(embedding.weight.shape) != (config.vocab_size, config.hidden_size):
+            raise DynaTreeError(
+                f"embedding has shape {tuple(embedding.weight.shape)}, the draft expects "
+                f"({config.vocab_size}, {config.hidden_size})")
+        self.draft_config = config
+        #: What the engine reads: full vocabulary, k layers (sizes the DynamicCache).
+        self.config = config.llama_config()
+        # The inner model gets a 1-token dummy vocabulary: inputs are always given as embeddings
+        # from the shared table, so a second 49152 x hidden table would be dead weight.
+        self.model = LlamaModel(config.llama_config(vocab_size=1))
+        self.model.embed_tokens = None
+        self.head = nn.Linear(config.hidden_size, len(config.vocab_subset), bias=False)
+        self.register_buffer("vocab_subset", torch.tensor(config.vocab_subset, dtype=torch.long),
+                             persistent=False)
+        self._shared: tuple[nn.Embedding] = (embedding,)
+        self.to(embedding.weight.device)
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        """The target's input embedding (shared)."""
+        return self._shared[0]
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embedding
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.weight.dtype
+
+    def hidden_states(self, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        """Final-norm hidden states ``[b, n, hidden]`` and the cache; kwargs go to ``LlamaModel``."""
+        embeds = self.embedding(input_ids.to(self.embedding.weight.device))
+        # detach: the embedding belongs to the target and stays frozen during distillation.
+        embeds = embeds.detach().to(device=self.device, dtype=self.dtype)
+        out = self.model(inputs_embeds=embeds, **kwargs)
+        return out.last_hidden_state, out.past_key_values
+
+    def subset_logits(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Logits over the vocabulary subset only ``[b, n, len(vocab_subset)]`` (training path)."""
+        return self.head(self.hidden_states(input_ids, **kwargs)[0])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: Any = None,
+                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+                **kwargs: Any) -> CausalLMOutputWithPast:
+        hidden, cache = self.hidden_states(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        sub = self.head(hidden[:, keep, :])
+        return CausalLMOutputWithPast(logits=self.scatter_full(sub), past_key_values=cache)
+
+    def scatter_full(self, sub: torch.Tensor) -> torch.Tensor:
+        """Subset logits -> full-vocabulary logits; absent tokens get ``finfo.min / 2`` (finite)."""
+        full = sub.new_full((*sub.shape[:-1], self.config.vocab_size),
+                            torch.finfo(sub.dtype).min / 2)
+        return full.index_copy_(-1, self.vocab_subset, sub)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The draft's own weights (layers, final norm, head): what gets saved and shipped."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("model.rotary_emb")}
+
+    def init_from_target(self, target: nn.Module) -> None:
+        """Layers from the target's first layers, norm from its final norm, head from its
+        (tied) embedding rows: the draft starts as the target's early exit over the subset."""
+        decoder = _decoder(target)
+        try:
+            for i, layer in enumerate(self.model.layers):
+                layer.load_state_dict(decoder.layers[i].state_dict())
+            self.model.norm.load_state_dict(decoder.norm.state_dict())
+        except (RuntimeError, AttributeError) as err:
+            raise DynaTreeError(f"target {type(target).__name__} is not Llama-shaped; cannot "
+                                f"initialise the draft from it ({err})") from err
+        out_emb = target.get_output_embeddings()
+        rows = (out_emb.weight if out_emb is not None else self.embedding.weight).detach()
+        with torch.no_grad():
+            self.head.weight.copy_(rows[self.vocab_subset.to(rows.device)].to(self.head.weight))
+
+
+def _decoder(target: nn.Module) -> nn.Module:
+    decoder = getattr(target, "model", None)
+    if decoder is None or not hasattr(decoder, "layers"):
+        raise DynaTreeError(f"target {type(target).__name__} has no Llama-style .model.layers")
+    return decoder
+
+
+def default_draft_path() -> Path:
+    """The draft shipped with the package for :data:`DEFAULT_TARGET`."""
+    return Path(str(resources.files("dynatree").joinpath(SHIPPED_DRAFT)))
+
+
+def save_draft(draft: DistilledDraft, path: str | os.PathLike[str],
+               dtype: torch.dtype = torch.float16) -> Path:
+    """Write ``model.safetensors`` (``dtype``) and ``config.json`` to ``path`` atomically."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(dtype=dtype, device="cpu").contiguous()
+               for k, v in draft.trainable_state_dict().items()}
+    with _atomic(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"target": draft.draft_config.target_name})
+    with _atomic(out / CONFIG_FILE) as tmp:
+        Path(tmp).write_text(draft.draft_config.to_json())
+    return out
+
+
+def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None = None
+                         ) -> DistilledDraft:
+    """Build a draft around ``target``'s embedding (shared) and load trained weights.
+
+    ``path`` defaults to the draft shipped for SmolLM2-135M-Instruct. Raises
+    :class:`DynaTreeError` when the files are missing or were trained against another target.
+    """
+    folder = Path(path) if path is not None else default_draft_path()
+    cfg_file, weights_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not cfg_file.is_file() or not weights_file.is_file():
+        raise DynaTreeError(f"no distilled draft in {folder} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
+    try:
+        cfg = DraftConfig.from_json(cfg_file.read_text())
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise DynaTreeError(f"{cfg_file} is not a valid draft config: {err}") from err
+    embedding = target.get_input_embeddings()
+    got = TargetFingerprint.of(embedding.weight)
+    if not cfg.fingerprint.matches(got):
+        raise DynaTreeError(
+            f"the draft in {folder} was distilled for target '{cfg.target_name}' (embedding "
+            f"{cfg.fingerprint.shape[0]}x{cfg.fingerprint.shape[1]}); the given "
+            f"{type(target).__name__} (embedding {got.shape[0]}x{got.shape[1]}) is a different "
+            "model")
+    draft = DistilledDraft(cfg, embedding)
+    state = load_file(str(weights_file))
+    expected = set(draft.trainable_state_dict())
+    if set(state) != expected:
+        raise DynaTreeError(f"{weights_file} holds tensors {sorted(set(state) ^ expected)[:4]} "
+                            "that do not match its config")
+    draft.load_state_dict(state, strict=False)
+    return draft.to(dtype=embedding.weight.dtype).eval()
+
+
+# ---------------------------------------------------------------------------------- the corpus
+@dataclass(frozen=True)
+class Document:
+    """One offline prose document; ``name`` decides its train/held-out split."""
+
+    name: str
+    text: str
+
+
+_GRAMMAR = re.compile(r"::=|^\s*[|]|>>>|^\s*\.\.\.")
+
+
+def _prose_paragraphs(text: str) -> list[str]:
+    """Keep prose: no indented code or grammar blocks, no headings, mostly letters."""
+    keep = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = block.split("\n")
+        first = lines[0]
+        if first.startswith("   ") or any(_GRAMMAR.search(line) for line in lines):
+            continue
+        if re.fullmatch(r"[*=\-~^\s]+", lines[-1]):  # underlined heading
+            continue
+        para = " ".join(line.strip() for line in lines)
+        para = re.sub(r"^\* ", "", para)
+        para = re.sub(r"\*([^*\s][^*]*)\*", r"\1", para)
+        letters = sum(ch.isalpha() or ch == " " for ch in para)
+        if len(para) >= 80 and letters >= 0.8 * len(para):
+            keep.append(para)
+    return keep
+
+
+def offline_corpus(licence_dir: str = "/usr/share/common-licenses") -> list[Document]:
+    """Prose available on any machine without a network: pydoc topics and Debian licences.
+
+    ``pydoc_data.topics`` is cleaned to prose paragraphs (raw, the target loops on grammar
+    fragments); licence files are deduplicated through their symlinks. A missing licence folder
+    (non-Debian systems) just means fewer documents.
+    """
+    import pydoc_data.topics as topics
+
+    docs = []
+    for name in sorted(topics.topics):
+        paras = _prose_paragraphs(topics.topics[name])
+        if paras:
+            docs.append(Document(f"pydoc/{name}", "\n\n".join(paras)))
+    seen: set[str] = set()
+    for path in sorted(glob.glob(os.path.join(licence_dir, "*"))):
+        real = os.path.realpath(path)
+        if real in seen or not os.path.isfile(real):
+            continue
+        seen.add(real)
+        with open(real, encoding="utf-8", errors="replace") as fh:
+            paras = [re.sub(r"\s+", " ", p).strip() for p in re.split(r"\n\s*\n", fh.read())]
+        paras = [p for p in paras if len(p) >= 40]
+        docs.append(Document(f"licence/{os.path.basename(real)}", "\n\n".join(paras)))
+    return docs
+
+
+def is_held_out(name: str, holdout_every: int) -> bool:
+    """Deterministic document-level split (stable across Python runs, unlike ``hash``).
+
+    Versions of one licence (GPL-2/GPL-3, GFDL-1.2/1.3, ...) share most of their text, so the
+    split is by family (version suffix stripped): held-out text never appears in training.
+    """
+    family = re.sub(r"-[\d.]+$", "", name)
+    return int(hashlib.sha256(family.encode()).hexdigest(), 16) % holdout_every == 0
+
+
+class Tokenizer(Protocol):
+    """The slice of an HF tokenizer that prompt building uses."""
+
+    eos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+@dataclass
+class PromptSet:
+    """Equal-length prompts, so target generation needs no padding: ``[n, prompt_tokens]``."""
+
+    train: torch.Tensor
+    eval: torch.Tensor
+    train_chat: torch.Tensor  # bool per prompt: chat-formatted (True) or raw continuation
+    eval_chat: torch.Tensor
+
+
+def _chat_wrapper(tokenizer: Any, instruction: str) -> tuple[list[int], list[int]] | None:
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    mark = "\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": f"{instruction}\n\n{mark}"}],
+                                         tokenize=False, add_generation_prompt=True)
+    before, after = text.split(mark)
+    return (tokenizer.encode(before, add_special_tokens=False),
+            tokenizer.encode(after, add_special_tokens=False))
+
+
+def build_prompts(tokenizer: Tokenizer, documents: Sequence[Document], cfg: DistillConfig
+                  ) -> PromptSet:
+    """Cut documents into prompt windows of exactly ``prompt_tokens`` tokens.
+
+    Raw prompts are a prose window; chat prompts are a shorter prose window inside the chat
+    template with one of :data:`CHAT_INSTRUCTIONS` (only when the tokenizer has a chat template).
+    Held-out documents (:func:`is_held_out`) only feed the evaluation prompts.
+    """
+    rng = random.Random(cfg.seed)
+    p = cfg.prompt_tokens
+    wrappers = [w for w in (_chat_wrapper(tokenizer, i) for i in CHAT_INSTRUCTIONS) if w]
+    wrappers = [w for w in wrappers if p - len(w[0]) - len(w[1]) >= 16]
+    pools: dict[tuple[bool, bool], list[list[int]]] = {(h, c): [] for h in (0, 1) for c in (0, 1)}
+    for doc in documents:
+        ids = tokenizer.encode(doc.text, add_special_tokens=False)
+        held = is_held_out(doc.name, cfg.holdout_every)
+        pools[(held, False)] += [ids[i:i + p] for i in range(0, len(ids) - p + 1, p)]
+        for j, (pre, post) in enumerate(wrappers):
+            w = p - len(pre) - len(post)
+            # each instruction gets a different phase so chat passages do not repeat raw windows
+            start = (j * w) // max(1, len(wrappers))
+            pools[(held, True)] += [pre + ids[i:i + w] + post
+                                    for i in range(start, len(ids) - w + 1, w * len(wrappers))]
+    for pool in pools.values():
+        rng.shuffle(pool)
+
+    def take(held: bool, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n_chat = round(n * cfg.chat_fraction) if pools[(held, True)] else 0
+        chat, raw = pools[(held, True)][:n_chat], pools[(held, False)][:n - n_chat]
+        if len(chat) + len(raw) < n:
+            split = "held-out" if held else "training"
+            raise DynaTreeError(f"the corpus yields only {len(chat) + len(raw)} {split} prompts of "
+                                f"{p} tokens, {n} requested; lower the sequence count")
+        seqs = chat + raw
+        order = list(range(n))
+        rng.shuffle(order)
+        flags = torch.tensor([i < len(chat) for i in order])
+        return torch.tensor([seqs[i] for i in order], dtype=torch.long), flags
+
+    train, train_chat = take(False, cfg.train_sequences)
+    evals, eval_chat = take(True, cfg.eval_sequences)
+    return PromptSet(train, evals, train_chat, eval_chat)
+
+
+# -------------------------------------------------------------------------------- target labels
+@dataclass
+class LabelledData:
+    """Target-labelled sequences ``[n, L]`` with ``L = prompt_tokens + new_tokens``.
+
+    ``topk_ids/topk_logits[s, t]`` are the target's top-k next-token predictions after
+    ``tokens[s, :t+1]``; ``valid`` masks positions at or after a generated EOS; positions
+    ``t >= prompt_tokens - 1`` predict target-generated tokens (what speculation is scored on).
+    """
+
+    tokens: torch.Tensor  # long [n, L]
+    topk_ids: torch.Tensor  # long [n, L, k]
+    topk_logits: torch.Tensor  # float16 [n, L, k]
+    valid: torch.Tensor  # bool [n, L]
+    chat: torch.Tensor  # bool [n]
+    prompt_tokens: int
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def generated_mask(self) -> torch.Tensor:
+        gen = torch.zeros_like(self.valid)
+        gen[:, self.prompt_tokens - 1:] = True
+        return gen & self.valid
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@torch.inference_mode()
+def label_batch(target: nn.Module, prompts: torch.Tensor, new_tokens: int, top_k: int,
+                eos_token_id: int | None) -> dict[str, torch.Tensor]:
+    """Greedy-continue ``prompts`` with the target, keeping its top-k logits at every position.
+
+    One prefill plus ``new_tokens`` cached decode steps: the labels of the generated part come for
+    free from the decode steps, so no second teacher-forced pass is needed.
+    """
+    device = target.get_input_embeddings().weight.device
+    ids = prompts.to(device)
+    out = target(input_ids=ids, use_cache=True)
+    logits = [out.logits.float()]
+    cache = out.past_key_values
+    tokens = [ids]
+    for _ in range(new_tokens):
+        nxt = logits[-1][:, -1:].argmax(-1)
+        tokens.append(nxt)
+        out = target(input_ids=nxt, past_key_values=cache, use_cache=True)
+        logits.append(out.logits.float())
+        cache = out.past_key_values
+    all_logits = torch.cat(logits, dim=1)
+    top = all_logits.topk(top_k, dim=-1)
+    seq = torch.cat(tokens, dim=1)
+    valid = torch.ones_like(seq, dtype=torch.bool)
+    if eos_token_id is not None:
+        p = prompts.shape[1]
+        is_eos = seq[:, p:] == eos_token_id
+        after = is_eos.long().cumsum(1) > 0  # at or after the first generated EOS
+        valid[:, p:] = ~after
+    return {"tokens": seq.cpu(), "topk_ids": top.indices.cpu(),
+            "topk_logits": top.values.to(torch.float16).cpu(), "valid": valid.cpu()}
+
+
+def label_prompts(target: nn.Module, prompts: torch.Tensor, chat: torch.Tensor,
+                  cfg: DistillConfig, eos_token_id: int | None, *, partial: Path | None = None,
+                  progress: bool = True, desc: str = "labelling") -> LabelledData:
+    """:func:`label_batch` over all prompts in ``gen_batch`` chunks, resumable via ``partial``."""
+    parts: list[dict[str, torch.Tensor]] = []
+    if partial is not None and partial.is_file():
+        saved = torch.load(partial, weights_only=True)
+        if saved["key"] == json.dumps(cfg.data_key()) and torch.equal(saved["prompts"], prompts):
+            parts = saved["parts"]
+    starts = range(0, len(prompts), cfg.gen_batch)
+    last_save = time.monotonic()
+    bar = _progress(total=len(starts), initial=len(parts), desc=desc, enabled=progress)
+    for i in list(starts)[len(parts):]:
+        parts.append(label_batch(target, prompts[i:i + cfg.gen_batch], cfg.new_tokens, cfg.top_k,
+                                 eos_token_id))
+        bar.update(1)
+        if partial is not None and time.monotonic() - last_save > 60:
+            _atomic_save({"key": json.dumps(cfg.data_key()), "prompts": prompts, "parts": parts},
+                         partial)
+            last_save = time.monotonic()
+    bar.close()
+    cat = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+    return LabelledData(chat=chat, prompt_tokens=cfg.prompt_tokens, **cat)
+
+
+def choose_vocab_subset(data: LabelledData, size: int, always: Sequence[int] = ()) -> list[int]:
+    """The ``size`` tokens the target predicts most often (top-1, valid positions) + ``always``."""
+    vocab = int(data.topk_ids.max()) + 1
+    counts = torch.bincount(data.topk_ids[..., 0][data.valid], minlength=vocab).double()
+    # break ties (and fill beyond the observed tokens) with the top-k mass, then by id
+    counts += 1e-3 * torch.bincount(data.topk_ids[data.valid].flatten(), minlength=vocab)
+    chosen = set(int(t) for t in always)
+    for t in torch.argsort(counts, descending=True, stable=True).tolist():
+        if len(chosen) >= size:
+            break
+        chosen.add(int(t))
+    return sorted(chosen)
+
+
+# ------------------------------------------------------------------------------------- training
+def _subset_targets(data: LabelledData, subset: torch.Tensor, vocab_size: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids -> subset indices (-1 if absent) and soft targets renormalised over the subset."""
+    lookup = torch.full((vocab_size,), -1, dtype=torch.long)
+    lookup[subset] = torch.arange(len(subset))
+    idx = lookup[data.topk_ids]
+    probs = torch.softmax(data.topk_logits.float(), dim=-1) * (idx >= 0)
+    mass = probs.sum(-1, keepdim=True)
+    return idx, torch.where(mass > 0, probs / mass.clamp_min(1e-12), probs)
+
+
+def distill_loss(sub_logits: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor,
+                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy to the target's top-k distribution over the subset; and top-1 agreement.
+
+    ``top_k = 1`` is plain hard-label distillation. Positions whose target top-k lies entirely
+    outside the subset carry no loss but count as disagreements.
+    """
+    logq = torch.log_softmax(sub_logits.float(), dim=-1)
+    picked = logq.gather(-1, idx.clamp_min(0)) * probs
+    has_mass = probs.sum(-1) > 0
+    m = mask & has_mass
+    loss = -(picked.sum(-1) * m).sum() / m.sum().clamp_min(1)
+    agree = ((sub_logits.argmax(-1) == idx[..., 0]) & (idx[..., 0] >= 0) & mask).sum()
+    return loss, agree.float() / mask.sum().clamp_min(1)
+
+
+def _train_step(draft: DistilledDraft, optimizer: torch.optim.Optimizer,
+                batch: tuple[torch.Tensor, ...]) -> tuple[float, float]:
+    tokens, idx, probs, mask = batch
+    draft.train()
+    loss, agree = distill_loss(draft.subset_logits(tokens), idx, probs, mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.detach()), float(agree)
+
+
+def _lr_at(step: int, cfg: DistillConfig) -> float:
+    """Linear warm-up, then cosine decay to 10% of ``lr``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def _batches(data: LabelledData, idx: torch.Tensor, probs: torch.Tensor, cfg: DistillConfig,
+             gen: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Random windows of ``seq_len`` from random sequences; the generator state is checkpointed."""
+    length = data.tokens.shape[1]
+    while True:
+        rows = torch.randint(len(data), (cfg.batch,), generator=gen)
+        start = torch.randint(length - cfg.seq_len + 1, (cfg.batch,), generator=gen)
+        cols = start[:, None] + torch.arange(cfg.seq_len)
+        r = rows[:, None]
+        yield data.tokens[r, cols], idx[r, cols], probs[r, cols], data.valid[r, cols]
+
+
+@dataclass
+class Agreement:
+    """Teacher-forced draft-vs-target agreement on held-out target-generated text."""
+
+    generated: float  # top-1 agreement on positions that predict target-generated tokens
+    prompt: float  # top-1 agreement on prompt (prose / chat template) positions
+    coverage: float  # share of generated-position target tokens inside the draft's subset
+    linear_k4_tokens: float  # mean tokens per round, greedy linear speculation with K=4
+    chat_generated: float
+    raw_generated: float
+    positions: int
+
+
+@torch.inference_mode()
+def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreement:
+    """Greedy agreement of ``draft`` (any HF-style causal LM) with the target's labels.
+
+    Under greedy speculation the draft always sees the target's own text, so teacher forcing on
+    the target's greedy continuation is exact, and so is the linear-speculation simulation: a
+    round starting at position t accepts the run of matches from t (at most K) plus one token.
+    """
+    draft.eval()
+    match = []
+    device = next(draft.parameters()).device
+    for i in range(0, len(data), 8):
+        logits = draft(input_ids=data.tokens[i:i + 8].to(device)).logits
+        match.append(logits.argmax(-1).cpu() == data.topk_ids[i:i + 8, :, 0])
+    hit = torch.cat(match)
+    gen = data.generated_mask()
+    prompt = data.valid & ~gen
+    subset = getattr(draft, "vocab_subset", None)
+    if subset is not None:
+        inside = torch.isin(data.topk_ids[..., 0], subset.cpu())
+    else:
+        inside = torch.ones_like(hit)
+
+    def rate(m: torch.Tensor) -> float:
+        return float(hit[m].float().mean()) if m.any() else float("nan")
+
+    rounds = tokens = 0
+    for s in range(len(data)):
+        pos = torch.nonzero(gen[s]).flatten()
+        m = hit[s, pos].tolist()
+        t = 0
+        while t < len(m):
+            run = 0
+            while run < spec_k and t + run < len(m) and m[t + run]:
+                run += 1
+            step = min(run + 1, len(m) - t)
+            rounds, tokens, t = rounds + 1, tokens + step, t + step
+    chat = data.chat[:, None].expand_as(gen)
+    return Agreement(
+        generated=rate(gen), prompt=rate(prompt), coverage=float(inside[gen].float().mean()),
+        linear_k4_tokens=tokens / max(1, rounds), chat_generated=rate(gen & chat),
+        raw_generated=rate(gen & ~chat), positions=int(gen.sum()))
+
+
+def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLike[str],
+            config: DistillConfig | None = None, target_name: str = DEFAULT_TARGET,
+            documents: Sequence[Document] | None = None, resume: bool = True,
+            progress: bool = True) -> Path:
+    """Distil a draft for ``target``; returns the folder with the final weights and config.
+
+    Steps, each cached in ``out_dir`` so an interrupted run picks up where it stopped:
+    1. prompts from ``documents`` (default :func:`offline_corpus`), held-out by document;
+    2. target labels: greedy continuations + top-k logits at every position (``data.pt``);
+    3. vocabulary subset = the target's most frequent top-1 tokens on the training labels;
+    4. AdamW on layers + norm + head, checkpointed every ``checkpoint_every`` steps with the
+       optimizer and sampler RNG (``checkpoint.pt``, atomic), held-out agreement every
+       ``eval_every`` steps, one JSON line per step in ``train_log.jsonl``;
+    5. ``final/``: fp16 ``model.safetensors`` + ``config.json`` (+ ``metrics.json``).
+
+    ``resume=False`` deletes the previous checkpoint and log (the labelled data is kept if it
+    was made with the same data settings).
+    """
+    cfg = config or DistillConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    data_path, ckpt_path, log_path = out / DATA_FILE, out / CHECKPOINT_FILE, out / LOG_FILE
+    key = json.dumps(cfg.data_key())
+    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
+
+    train = evals = None
+    if data_path.is_file():
+        saved = torch.load(data_path, weights_only=True)
+        if saved["key"] == key and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
+            train, evals = LabelledData(**saved["train"]), LabelledData(**saved["eval"])
+    if train is None or evals is None:
+        prompts = build_prompts(tokenizer, documents if documents is not None
+                                else offline_corpus(), cfg)
+        eos = tokenizer.eos_token_id
+        train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
+                              partial=out / "data.partial.pt", progress=progress,
+                              desc="target labels (train)")
+        evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
+                              progress=progress, desc="target labels (held-out)")
+        _atomic_save({"key": key, "fingerprint": asdict(fingerprint),
+                      "train": train.as_dict(), "eval": evals.as_dict()}, data_path)
+        (out / "data.partial.pt").unlink(missing_ok=True)
+
+    always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    subset = choose_vocab_subset(train, cfg.vocab_subset, always)
+    dcfg = DraftConfig.from_target(target, name=target_name, layers=cfg.layers, vocab_subset=subset)
+    draft = DistilledDraft(dcfg, target.get_input_embeddings()).float()
+    draft.init_from_target(target)
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step = 0
+
+    if not resume:
+        ckpt_path.unlink(missing_ok=True)
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, weights_only=True)
+        if ckpt["config"] != asdict(cfg) or ckpt["vocab_subset"] != subset:
+            raise DynaTreeError(f"{ckpt_path} was made with other settings; pass resume=False "
+                                "(--no-resume) or use another output folder")
+        draft.load_state_dict(ckpt["draft"], strict=False)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        gen.set_state(ckpt["generator"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        step = int(ckpt["step"])
+    _truncate_log(log_path, step)
+
+    idx, probs = _subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
+    batches = _batches(train, idx, probs, cfg, gen)
+    bar = _progress(total=cfg.steps, initial=step, desc="distilling", enabled=progress)
+    t0 = time.monotonic()
+    with open(log_path, "a", encoding="utf-8") as log:
+        while step < cfg.steps:
+            for group in optimizer.param_groups:
+                group["lr"] = _lr_at(step, cfg)
+            loss, agree = _train_step(draft, optimizer, next(batches))
+            step += 1
+            record: dict[str, Any] = {"step": step, "loss": round(loss, 5),
+                                      "agree": round(agree, 5), "lr": _lr_at(step - 1, cfg),
+                                      "seconds": round(time.monotonic() - t0, 2)}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                record["eval"] = asdict(evaluate(draft, evals))
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", agree=f"{agree:.3f}")
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                _atomic_save({"step": step, "config": asdict(cfg), "vocab_subset": subset,
+                              "draft": draft.trainable_state_dict(),
+                              "optimizer": optimizer.state_dict(), "generator": gen.get_state(),
+                              "torch_rng": torch.get_rng_state()}, ckpt_path)
+    bar.close()
+
+    final = save_draft(draft, out / FINAL_DIR)
+    metrics = {"train_positions": int(train.valid.sum()), "eval": asdict(evaluate(draft, evals)),
+               "config": asdict(cfg)}
+    (final / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return final
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def distill_cli(
+    target: str = DEFAULT_TARGET,
+    layers: int = DistillConfig.layers,
+    vocab_subset: int = DistillConfig.vocab_subset,
+    steps: int = DistillConfig.steps,
+    batch: int = DistillConfig.batch,
+    seq_len: int = DistillConfig.seq_len,
+    lr: float = DistillConfig.lr,
+    top_k: int = DistillConfig.top_k,
+    train_sequences: int = DistillConfig.train_sequences,
+    eval_sequences: int = DistillConfig.eval_sequences,
+    seed: int = DistillConfig.seed,
+    out: Path = Path("distilled-draft"),
+    resume: bool = True,
+    threads: int | None = None,
+    progress: bool = True,
+) -> None:
+    """Distil a small draft model for TARGET from offline prose and the target's own outputs.
+
+    Resumable: rerun the same command after an interruption. The result is written to
+    OUT/final (model.safetensors, config.json, metrics.json); load it with
+    ``dynatree.distill.load_distilled_draft(target, OUT/final)``.
+    """
+    from .models import load_model  # local: model loading pulls in optional dependencies
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
+                        seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
+                        eval_sequences=eval_sequences, seed=seed)
+    model, tokenizer = load_model(target)
+    final = distill(model, tokenizer, out_dir=out, config=cfg, target_name=target,
+                    resume=resume, progress=progress)
+    metrics = json.loads((final / "metrics.json").read_text())["eval"]
+    print(f"draft written to {final}: held-out greedy agreement {metrics['generated']:.1%}, "
+          f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")
+
+
+# ------------------------------------------------------------------------------------ helpers
+class _atomic:
+    """Context manager yielding a temp path in the destination folder, renamed into place on
+    success (``os.replace`` is atomic), removed on failure: a crash never leaves a torn file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        self.tmp = Path(name)
+
+    def __enter__(self) -> Path:
+        return self.tmp
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            os.chmod(self.tmp, 0o644)  # mkstemp creates 0600; shipped files must be readable
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log lines past the checkpoint being resumed (or all of them on a fresh start), so
+    the log of a resumed run reads exactly like the log of an uninterrupted one."""
+    if not path.is_file():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+    with _atomic(path) as tmp:
+        tmp.write_text("".join(ln + "\n" for ln in lines))
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    with _atomic(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def _progress(*, total: int, initial: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)
