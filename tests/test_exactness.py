@@ -167,3 +167,13 @@ def test_dfs_tree_order_equals_target(arch: str, engine: str, strategy: str) -> 
     out = dynatree.generate(m["target"], m["perturbed"], prompt(7, 4), strategy, max_new_tokens=30,
                             eos_token_id=[], engine=engine, tree_order="dfs", **OPTIONS.get(strategy, {}))
     assert torch.equal(out.sequences, reference(arch, 7, 4, 30))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("lazy_head", [False, True])
+def test_lazy_and_full_lm_head_equal_target(arch: str, lazy_head: bool) -> None:
+    """Applying the LM head to every node (GPU default) or only to the nodes read (CPU default)."""
+    m = models(arch)
+    out = dynatree.generate(m["target"], m["perturbed"], prompt(6, 5), "dynatree", max_new_tokens=30,
+                            eos_token_id=[], lazy_head=lazy_head, **OPTIONS["dynatree"])
+    assert torch.equal(out.sequences, reference(arch, 6, 5, 30))

@@ -115,6 +115,32 @@ class CachedModel:
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         compact(self.cache, start, keep)
 
+    @property
+    def head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    def supports_lazy_head(self) -> bool:
+        """True if logits are exactly ``head(base_model(...))``: no scaling or soft-capping on top."""
+        cfg = self.model.config
+        plain = not any(getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+        return plain and self.engine == "hf" and getattr(self.model, "base_model", self.model) is not self.model \
+            and isinstance(self.head, torch.nn.Linear)
+
+    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                       since: int) -> torch.Tensor:
+        """Like :meth:`forward` but stops before the LM head: final hidden states ``[q, H]``."""
+        from .tree import attention_mask
+
+        self.calls += 1
+        out = self.model.base_model(
+            input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
+            attention_mask=attention_mask(visible, since, self.dtype, self.device),
+            position_ids=positions.view(1, -1).to(self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state[0]
+
 
 class StaticCachedModel(CachedModel):
     """Pre-allocated KV cache, query counts padded to fixed buckets, optionally ``torch.compile``d.

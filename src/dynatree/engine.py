@@ -51,6 +51,7 @@ def generate(
     tree_order: str = "bfs",
     stop_strings: str | Sequence[str] | None = None,
     tokenizer: Any = None,
+    lazy_head: bool | None = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -86,6 +87,8 @@ def generate(
         stop_strings: stop once the generated text contains one of these (the token completing it
             is kept, as with HF ``generate(stop_strings=..., tokenizer=...)``); needs ``tokenizer``.
         tokenizer: the tokenizer used to decode for ``stop_strings``.
+        lazy_head: apply the target's LM head only to the tree nodes acceptance reads (None:
+            automatically on CPU with the hf engine, where the head is a large share of a verify).
         tree_order: ``"bfs"`` (creation order) or ``"dfs"`` (depth-first; makes the tree mask
             block-sparse for the Triton tree-attention kernel, seed 003 App. C).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
@@ -133,8 +136,12 @@ def generate(
         draft_kv = None
         if policy.uses_draft:
             draft_kv = cached_model(draft, vocab, engine, rows + 4 * StaticCachedModel.BUCKETS[-1], static)
+        if lazy_head is None:
+            lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
+        elif lazy_head and not target_kv.supports_lazy_head():
+            raise DynaTreeError("lazy_head=True needs engine='hf' and a model whose logits are head(hidden) exactly")
         return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
-                       stop_text)
+                       stop_text, lazy_head)
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -170,6 +177,7 @@ def _decode(
     rng: torch.Generator,
     tree_order: str = "bfs",
     stop_text: "StopText | None" = None,
+    lazy_head: bool = False,
 ) -> GenerationResult:
     clock = _Clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
@@ -195,15 +203,15 @@ def _decode(
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
         prefix = target.length
-        logits, rows = tree_forward(target, tree, tree_order)
+        logits, rows = tree_forward(target, tree, tree_order, lazy_head)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
         #    plus one more token from the target (its argmax, or a draw from the residual R, which
         #    is the target itself at a fully accepted leaf).
         if sampling.greedy:
-            path, bonus = greedy_accept(tree, logits[:, :vocab])
+            path, bonus = greedy_accept(tree, logits)
         else:
-            path, bonus = sample_accept(tree, logits[:, :vocab], sampling, rng)
+            path, bonus = sample_accept(tree, logits, sampling, rng)
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
         target.compact(prefix, rows[[0, *path]])
         if drafter is not None:

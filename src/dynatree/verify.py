@@ -34,28 +34,47 @@ from .sampling import SamplingConfig, draw, target_probs, uniform, without
 from .tree import TokenTree, ancestor_matrix, children_lists, dfs_order, position_ids
 
 
-def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """Return (accepted drafted nodes in path order, bonus token)."""
-    best = target_logits.argmax(-1).cpu()
-    return walk_matches(tree, best)
+class LazyLogits:
+    """Target logits per tree node, computed from the final hidden states only when read.
+
+    Acceptance reads the logits of the nodes on its walk (about L of them), not of every node.
+    On a CPU the LM head over a large vocabulary is a big share of a forward (SmolLM2: 49152 x 576,
+    about a fifth of a one-token step per node), so computing it for only those rows saves most of
+    a wide tree's head cost. On a GPU reading the head's weights once for all rows is cheaper, so
+    the engine uses full logits there.
+    """
+
+    def __init__(self, hidden: torch.Tensor, head: torch.nn.Module, vocab_size: int) -> None:
+        self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return int(self.hidden.shape[0])
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        row = self._rows.get(node)
+        if row is None:
+            row = self._rows[node] = self.head(self.hidden[node])[: self.vocab_size].float()
+        return row
 
 
-def walk_matches(tree: TokenTree, best: torch.Tensor) -> tuple[list[int], int]:
-    """Longest root path with ``tokens[child] == best[parent]``; bonus ``best[last]``."""
-    if tree.size == 1:
-        return [], int(best[0])
-    parent = tree.parent[1:]
-    matched = ((tree.tokens[1:] == best[parent]).nonzero().flatten() + 1).tolist()
-    par = tree.parent.tolist()
+def greedy_accept(tree: TokenTree, target_logits: torch.Tensor | LazyLogits) -> tuple[list[int], int]:
+    """Return (accepted drafted nodes in path order, bonus token).
+
+    Walks from the root: at each node the target's argmax either names a child (descend) or is the
+    bonus token (stop). Only the nodes on the walk are read, which is what lets
+    :class:`LazyLogits` skip the others.
+    """
+    kids = children_lists(tree.parent)
+    tokens = tree.tokens.tolist()
     path: list[int] = []
-    last = 0
-    # Nodes come in creation order (parents before children): the first matched child of the
-    # current end of the path is the next path node.
-    for i in matched:
-        if par[i] == last:
-            path.append(i)
-            last = i
-    return path, int(best[last])
+    node = 0
+    while True:
+        best = int(target_logits[node].argmax())
+        node = next((c for c in kids[node] if tokens[c] == best), -1)
+        if node < 0:
+            return path, best
+        path.append(node)
 
 
 def sample_accept(
@@ -106,21 +125,29 @@ def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
     return out if out is not None else r
 
 
-def tree_forward(kv: CachedModel, tree: TokenTree, order: str = "bfs") -> tuple[torch.Tensor, torch.Tensor]:
-    """ONE target forward over every tree node; returns (float logits ``[n, V]``, cache rows ``[n]``).
+def tree_forward(
+    kv: CachedModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False
+) -> tuple[torch.Tensor | LazyLogits, torch.Tensor]:
+    """ONE target forward over every tree node; returns (logits ``[n, V]``, cache rows ``[n]``).
 
     Each node sees the cached prefix, its ancestors and itself, at position ``prefix_len + depth``.
     ``order="dfs"`` feeds the nodes in depth-first order (DySpec App. C) so the tree mask is
     block-sparse-friendly for the Triton kernel; logits come back in tree order either way, and
-    ``rows[i]`` is the cache row that node i's keys/values were written to.
+    ``rows[i]`` is the cache row that node i's keys/values were written to. ``lazy_head`` returns
+    :class:`LazyLogits` (LM head applied per node on demand) instead of a full tensor.
     """
     prefix = kv.length
     visible = ancestor_matrix(tree.parent, tree.depth)
     positions = position_ids(tree.depth, prefix)[0]
     if order == "bfs":
-        return kv.forward(tree.tokens, positions, visible, prefix), torch.arange(prefix, prefix + tree.size)
-    perm = dfs_order(tree.parent)
-    rank = torch.empty_like(perm)
-    rank[perm] = torch.arange(tree.size)
-    logits = kv.forward(tree.tokens[perm], positions[perm], visible[perm][:, perm], prefix)
+        perm, rank = None, torch.arange(tree.size)
+    else:
+        perm = dfs_order(tree.parent)
+        rank = torch.empty_like(perm)
+        rank[perm] = torch.arange(tree.size)
+    args = (tree.tokens, positions, visible) if perm is None else (tree.tokens[perm], positions[perm], visible[perm][:, perm])
+    if lazy_head:
+        hidden = kv.forward_hidden(*args, prefix)
+        return LazyLogits(hidden[rank.to(hidden.device)], kv.head, kv.vocab_size), rank + prefix
+    logits = kv.forward(*args, prefix)
     return logits[rank.to(logits.device)], rank + prefix

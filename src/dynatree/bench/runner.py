@@ -334,7 +334,7 @@ def run_bench(
                     on_row(row)
             if spec.name == AUTOREGRESSIVE:
                 reference[prompt.id] = list(row["output_ids"])
-            if not row.get("greedy_match", True):
+            if row.get("greedy_match") is False:
                 mismatches.append(row)
             rows.append(row)
     return BenchOutcome(rows=rows, new_rows=len(todo), resumed_rows=len(plan) - len(todo),
