@@ -35,7 +35,7 @@ IDS = torch.tensor([[5, 6, 7]])
         ({"d0": 8}, "invalid d0=8: must be less than d_max=8"),
         ({"max_nodes": -1}, "invalid max_nodes=-1"),
         ({"strategy": "fixed", "tau": 1.5}, "invalid tau=1.5: must be in [0, 1)"),
-        ({"rho_stop": 0.5}, "invalid rho_stop=0.5: must be in (0, rho_deep=0.3)"),
+        ({"rho_stop": 0.6}, "invalid rho_stop=0.6: must be in (0, rho_deep=0.5)"),
         ({"max_new_tokens": 60}, "= 72 positions exceeds LlamaForCausalLM's maximum of 64 by 8"),
     ],
 )

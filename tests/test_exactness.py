@@ -177,3 +177,11 @@ def test_lazy_and_full_lm_head_equal_target(arch: str, lazy_head: bool) -> None:
     out = dynatree.generate(m["target"], m["perturbed"], prompt(6, 5), "dynatree", max_new_tokens=30,
                             eos_token_id=[], lazy_head=lazy_head, **OPTIONS["dynatree"])
     assert torch.equal(out.sequences, reference(arch, 6, 5, 30))
+
+
+def test_static_engine_prefills_prompts_longer_than_the_largest_bucket() -> None:
+    m = models("llama")
+    ids = prompt(40, 12)
+    out = dynatree.generate(m["target"], m["perturbed"], ids, "linear", max_new_tokens=10, eos_token_id=[],
+                            engine="static", buckets=(1, 2, 4, 8), k=3)
+    assert torch.equal(out.sequences, reference("llama", 40, 12, 10))

@@ -185,6 +185,12 @@ class StaticCachedModel(CachedModel):
     def length(self) -> int:
         return self._length
 
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Causal prefill in chunks of the largest bucket (a long prompt is several calls)."""
+        step = self.buckets[-1]
+        for i in range(0, len(tokens), step):
+            super().prefill(list(tokens[i : i + step]))
+
     def reset(self) -> None:
         """Empty the cache for a new generation (storage and compiled graphs are kept)."""
         self._set_length(0)

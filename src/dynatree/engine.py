@@ -155,6 +155,8 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     """
     if engine == "hf":
         return CachedModel(model, vocab)
+    # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
+    capacity = max(256, 1 << (capacity - 1).bit_length())
     pool = _STATIC.setdefault(model, {})
     key = (vocab, *static.values())
     kv = pool.get(key)

@@ -11,10 +11,11 @@ Per round (S0/S1 Alg. 1, expanded breadth-first, one draft call per level):
 * history (S0 §3.4): a_r = accepted / drafted nodes of round r, averaged over the last W rounds
   (ā); then D_0 <- clip(D_0 + eta_D (ā - a*), 1, D_max - 1) and tau_h <- clip(tau_h - eta_h (ā - a*)).
 
-Decisions the seeds leave open (DESIGN.md): D_0 is kept as a real number and rounded when gating;
+Decisions the seeds leave open (DESIGN.md): tau = 0.1 and rho_deep = 0.5 and a CPU node budget
+of 4 come from the sweep in benchmarks/cpu (offline pair); D_0 is kept as a real number and rounded when gating;
 tau_l moves with tau_h (same shift, kept below it); history starts afresh at every generate() call;
-adaptation starts once W rounds have been seen. Defaults for values the seeds never give (B_mid,
-rho_stop, rho_deep, tau, N_max, W, a*, eta) are provisional until the sweep in ``benchmarks/``.
+adaptation starts once W rounds have been seen. B_mid, rho_stop, W, a* and eta are provisional
+(not yet swept).
 
 Level batching: gating depends only on a node's own depth and path probability, so all nodes of a
 level that pass it are expanded in one draft call; capping that list at the remaining budget makes
@@ -47,9 +48,9 @@ class DynaTreeConfig:
     d0: int = 5
     d_max: int = 8
     rho_stop: float = 0.05
-    rho_deep: float = 0.3
-    tau: float = 0.02
-    max_nodes: int = 64
+    rho_deep: float = 0.5
+    tau: float = 0.1
+    max_nodes: int | None = None  # None: 4 on CPU, 64 on GPU (see DEFAULT_MAX_NODES)
     history: bool = True
     window: int = 8
     target_accept: float = 0.35
@@ -70,11 +71,19 @@ class DynaTreeConfig:
         check(0.0 < self.rho_deep < 1.0, "rho_deep", "in (0, 1)", self.rho_deep)
         check(0.0 < self.rho_stop < self.rho_deep, "rho_stop", f"in (0, rho_deep={self.rho_deep})", self.rho_stop)
         check(0.0 <= self.tau < 1.0, "tau", "in [0, 1)", self.tau)
-        check(isinstance(self.max_nodes, int) and 1 <= self.max_nodes <= 4096, "max_nodes", "an integer in [1, 4096]", self.max_nodes)
+        check(self.max_nodes is None or (isinstance(self.max_nodes, int) and 1 <= self.max_nodes <= 4096),
+              "max_nodes", "None (by device) or an integer in [1, 4096]", self.max_nodes)
         check(isinstance(self.window, int) and self.window >= 1, "window", "an integer >= 1", self.window)
         check(0.0 < self.target_accept < 1.0, "target_accept", "in (0, 1)", self.target_accept)
         check(self.eta_d >= 0.0, "eta_d", ">= 0", self.eta_d)
         check(self.eta_h >= 0.0, "eta_h", ">= 0", self.eta_h)
+
+
+# Node budget when max_nodes is None. On a CPU a verify pass costs roughly in proportion to its
+# tokens, so the sweep on the offline pair (benchmarks/cpu) picked the smallest budget tried; on a
+# GPU a forward costs about the same for 1 to ~256 tokens, so wide trees are nearly free there
+# (64 is provisional: no GPU sweep has been run yet).
+DEFAULT_MAX_NODES = {"cpu": 4, "cuda": 64}
 
 
 class DynaTree(DraftPolicy):
@@ -115,11 +124,12 @@ class DynaTree(DraftPolicy):
 
     def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
         cfg = self.config
+        budget = cfg.max_nodes or DEFAULT_MAX_NODES.get(root_logits.device.type, DEFAULT_MAX_NODES["cuda"])
         logp = torch.log_softmax(root_logits, -1)
         root_b = self.breadth(float(logp.max().exp())) if cfg.root_branching else 1
-        frontier = add_top_children(tree, 0, logp, root_b, cfg.max_nodes)
+        frontier = add_top_children(tree, 0, logp, root_b, budget)
         while frontier:
-            room = cfg.max_nodes - (len(tree) - 1)
+            room = budget - (len(tree) - 1)
             expand = [u for u in frontier if self.expandable(tree.depth[u], tree.cum_logq[u])][:room]
             if not expand:
                 break
@@ -127,7 +137,7 @@ class DynaTree(DraftPolicy):
             confidence = logps.max(-1).values.exp().tolist()
             frontier = []
             for u, row, c in zip(expand, logps, confidence):
-                frontier += add_top_children(tree, u, row, self.breadth(c), cfg.max_nodes)
+                frontier += add_top_children(tree, u, row, self.breadth(c), budget)
 
     def max_depth(self) -> int:
         # u_0 plus up to D_max expansions (the seed gate is d(u) < D_max with d(u_0) = 0).
