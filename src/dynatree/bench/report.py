@@ -33,7 +33,7 @@ from .metrics import AR, Agg, Summary, committed_per_round, summarize, varying_o
 from .store import LoadedResults, load_results
 
 Row = Mapping[str, Any]
-SETUP_KEYS = ("target", "draft", "dtype", "device", "threads", "max_new_tokens")
+SETUP_KEYS = ("target", "draft", "dtype", "device", "threads", "max_new_tokens", "engine", "compile", "temperature")
 DASH = "—"
 
 
@@ -94,8 +94,10 @@ def _slug(text: str) -> str:
 
 def _setup_title(settings: Mapping[str, Any]) -> str:
     threads = f", {settings.get('threads')} threads" if settings.get("threads") else ""
+    engine = f" · engine {settings.get('engine', 'hf')}" + (" + compile" if settings.get("compile") else "")
+    temp = f" · temperature {settings['temperature']}" if settings.get("temperature") else " · greedy"
     return (f"target {settings.get('target')} · draft {settings.get('draft')} · {settings.get('dtype')} "
-            f"{settings.get('device')}{threads} · T = {settings.get('max_new_tokens')}")
+            f"{settings.get('device')}{threads} · T = {settings.get('max_new_tokens')}{engine}{temp}")
 
 
 # ------------------------------------------------------------------------------------- sections

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# CPU benchmarks on the offline pair (SmolLM2-135M target). Recorded in benchmarks/cpu/README.md.
+# Run from the repo root on an otherwise idle machine: bash benchmarks/cpu/run_cpu.sh
+set -u
+out=benchmarks/cpu
+common="--dataset licenses --max-prompt-tokens 128 --threads 2 --no-progress"
+SPEC="autoregressive,linear:k=3,fixed:depth=3:branch=2:max_nodes=16@fixed-cpu,dynatree,dyspec:max_nodes=16@dyspec-16,dyspec-threshold:threshold=0.05:max_nodes=32@dyspec-thr"
+
+# 1. every strategy, greedy, the shipped distilled draft (default). main_fullhead.jsonl is the same
+#    command run before commit 031a0b1 (no lazy LM head yet) and the swept DynaTree defaults.
+dynatree bench --strategies "$SPEC" --num-prompts 6 --max-new-tokens 96 --warmup 1 $common --output $out/main.jsonl
+# 2. the other draft kind: untrained early exit (first 8 target layers, shared weights)
+dynatree bench --draft early-exit:8 --strategies "autoregressive,linear:k=3,dynatree" --num-prompts 3 --max-new-tokens 48 --warmup 1 $common --output $out/early_exit.jsonl
+# 3. sampling at T = 0.6 (acceptance of fixed tree vs DynaTree vs DySpec)
+dynatree bench --temperature 0.6 --strategies "autoregressive,fixed:depth=3:branch=2:max_nodes=16@fixed-cpu,dynatree,dyspec:max_nodes=16@dyspec-16,dyspec-threshold:threshold=0.05:max_nodes=32@dyspec-thr" --num-prompts 4 --max-new-tokens 96 --warmup 1 $common --output $out/t06.jsonl
+# 4. sweep of the DynaTree values the seeds never give
+dynatree sweep --strategy dynatree --grid max_nodes=4,8,16,32 --grid rho_deep=0.2,0.5 --grid tau=0.02,0.1 --baselines autoregressive --num-prompts 3 --max-new-tokens 64 --warmup 1 $common --output $out/sweep.jsonl
+# 5. static engine, eager and compiled (compilation happens in the unrecorded warm-up run)
+dynatree bench --engine static --strategies "autoregressive,linear:k=3,dynatree" --num-prompts 4 --max-new-tokens 96 --warmup 1 $common --output $out/static.jsonl
+timeout 900 dynatree bench --engine static --compile --strategies "autoregressive,linear:k=3,dynatree" --num-prompts 4 --max-new-tokens 96 --warmup 1 $common --output $out/static_compiled.jsonl
