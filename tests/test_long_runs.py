@@ -16,11 +16,14 @@ from dynatree import STRATEGIES
 from tiny import hf_greedy, perturbed, tiny_model
 
 N = 10_000
+# Small trees keep 10,000 tokens affordable in CI; the point is the number of rounds, not tree size.
+OPTIONS = {"fixed": {"depth": 3, "branch": 2, "max_nodes": 8}, "dynatree": {"max_nodes": 8},
+           "dyspec": {"max_nodes": 8}, "dyspec-threshold": {"threshold": 0.05, "max_nodes": 8}}
 
 
 @pytest.fixture(scope="module")
 def setup():
-    target = tiny_model("llama", 0, max_positions=16_384)
+    target = tiny_model("llama", 0, max_positions=16_384, layers=1)
     draft = perturbed(target)
     ids = torch.randint(2, 90, (1, 8), generator=torch.Generator().manual_seed(11))
     return target, draft, ids, hf_greedy(target, ids, N)
@@ -40,7 +43,7 @@ def test_ten_thousand_tokens_exact_and_bounded(setup, strategy: str, monkeypatch
             lengths.append((peak, self.length))
 
     monkeypatch.setattr(CachedModel, "compact", checked_compact)
-    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=N, eos_token_id=[])
+    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=N, eos_token_id=[], **OPTIONS.get(strategy, {}))
     assert torch.equal(out.sequences, ref)
 
     # After round r the target caches exactly prompt + committed - 1 tokens (the root is pending),
