@@ -54,11 +54,6 @@ def compact(cache: DynamicCache, start: int, keep: Sequence[int] | torch.Tensor)
         layer.values = layer.values[..., : start + k, :]
 
 
-def truncate(cache: DynamicCache, length: int) -> None:
-    """Drop every row at or after ``length``."""
-    compact(cache, length, [])
-
-
 # ------------------------------------------------------------------------- model + its cache
 class CachedModel:
     """A causal LM together with its KV cache: the one place that calls the model while decoding.
