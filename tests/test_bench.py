@@ -178,6 +178,26 @@ def test_runner_all_strategies_match_autoregressive(pair, prompts, tmp_path: Pat
     assert sum(p["committed"] for p in hf["per_round"]) == T
 
 
+def test_runner_with_kv_eviction_runs_past_the_context_and_reports_it(prompts, tmp_path: Path) -> None:
+    target = tiny_model("llama", seed=0, max_positions=32)  # 10 + 40 tokens > 32 positions
+    draft = perturbed(target, noise=0.05)
+    evicting = settings(max_new_tokens=40, kv_window=12, kv_sinks=2)
+    assert settings().identity() == BenchSettings(**{**settings().identity(), "eos_token_id": ()}).identity()
+    assert "kv_window" not in settings().identity()  # rows written before eviction existed keep their keys
+    assert evicting.identity()["kv_window"] == 12
+    with pytest.raises(DynaTreeError, match="exceeds LlamaForCausalLM's maximum of 32"):
+        run_bench(target, draft, prompts, parse_strategies("linear:k=3"), settings(max_new_tokens=40),
+                  warmup=0, progress=False)
+    with pytest.raises(DynaTreeError, match="hf-assisted cannot evict"):
+        run_bench(target, draft, prompts, parse_strategies("hf-assisted"), evicting, warmup=0, progress=False)
+    with ResultsWriter(tmp_path / "r.jsonl") as w:
+        out = run_bench(target, draft, prompts, parse_strategies("linear:k=3,dynatree"), evicting, writer=w,
+                        warmup=0, progress=False)
+    assert out.new_rows == 6 and out.mismatches == []
+    report = build_report(tmp_path / "r.jsonl", tmp_path / "rep")
+    assert "StreamingLLM KV eviction (2 sinks + 12 recent tokens)" in report.markdown.read_text()
+
+
 def test_runner_detects_and_counts_mismatches(pair, prompts, monkeypatch) -> None:
     real = runner_mod.run_engine
 

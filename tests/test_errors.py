@@ -90,6 +90,8 @@ def test_training_mode_is_restored(pair) -> None:
         (["generate", "--max-new-tokens", "0"], "--max-new-tokens must be a positive integer"),
         (["generate", "-o", "k"], "strategy option 'k' must look like name=value"),
         (["generate", "--strategy", "linear", "-o", "k=0"], "invalid k=0"),
+        (["generate", "--kv-window", "0"], "kv_window must be a positive integer"),
+        (["generate", "--kv-window", "64", "--kv-sinks", "-1"], "kv_sinks must be an integer >= 0"),
     ],
 )
 def test_cli_one_line_errors(argv: list[str], message: str) -> None:

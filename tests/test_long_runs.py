@@ -7,10 +7,16 @@ length after every commit.
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 import torch
 
 import dynatree
+import dynatree.engine as engine_module
+from dynatree.policies.base import RoundFeedback
+from dynatree.policies.linear import Linear, LinearConfig
 from dynatree.cache import CachedModel
 from dynatree import STRATEGIES
 from tiny import hf_greedy, perturbed, tiny_model
@@ -54,3 +60,54 @@ def test_ten_thousand_tokens_exact_and_bounded(setup, strategy: str, monkeypatch
         committed += r.committed
         assert peak == before + r.drafted + 1
         assert after == ids.shape[1] - 1 + committed or committed == N  # last round may be truncated
+
+
+# ------------------------------------------------------------------------------ memory creep
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _RssLinear(Linear):
+    """Linear drafting that samples the process RSS after every round (the policy sees each round end)."""
+
+    def __init__(self) -> None:
+        super().__init__(LinearConfig(k=3))
+        self.rss: list[int] = []
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        self.rss.append(_rss_bytes())
+
+
+def _creep(monkeypatch: pytest.MonkeyPatch | None = None) -> float:
+    """MB of RSS growth between the second and the last quarter of a 3,000-token run.
+
+    A 4,096-token vocabulary makes each round's logits ~50 KB, so keeping one per round by mistake
+    grows the process by tens of MB over the run; the KV cache itself grows by < 1 MB.
+    """
+    target = tiny_model("llama", 0, vocab=4096, layers=1, max_positions=4096)
+    draft = perturbed(target)
+    ids = torch.randint(2, 4000, (1, 8), generator=torch.Generator().manual_seed(3))
+    policy = _RssLinear()
+    gc.collect()
+    dynatree.generate(target, draft, ids, policy, max_new_tokens=3000, eos_token_id=[])
+    q = len(policy.rss) // 4
+    return (max(policy.rss[-q:]) - max(policy.rss[q : 2 * q])) / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux /proc")
+def test_memory_does_not_creep_across_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _creep() < 8.0
+
+    # The check can fail: a loop that keeps every round's logits alive must trip it.
+    kept: list[object] = []
+    real = engine_module.tree_forward
+
+    def leaky(*args, **kwargs):
+        out = real(*args, **kwargs)
+        logits = out[0]
+        kept.append((logits if isinstance(logits, torch.Tensor) else logits.head(logits.hidden)).clone())
+        return out
+
+    monkeypatch.setattr(engine_module, "tree_forward", leaky)
+    assert _creep() > 8.0

@@ -7,6 +7,8 @@ Qwen2 / GPT-2 models built from configs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sys
 import types
 from pathlib import Path
@@ -394,15 +396,17 @@ def test_check_compatible_compares_vocab_sizes() -> None:
     assert check_compatible(target, other, allow_vocab_mismatch=True) == VOCAB
 
 
-def test_check_compatible_compares_tokens() -> None:
+def tokenizer(words: list[str]) -> Any:
+    """A word-level tokenizer whose token ids are the positions in ``words``."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    def tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-        vocab = {word: i for i, word in enumerate(words)}
-        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token=words[0])))
+    vocab = {word: i for i, word in enumerate(words)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token=words[0])))
 
+
+def test_check_compatible_compares_tokens() -> None:
     words = ["<unk>", "a", "b", "c", "d"]
     assert check_compatible(tokenizer(words), tokenizer(words)) == 5
     with pytest.raises(DynaTreeError, match="id 2 is 'b' for the target, 'x' for the draft"):
@@ -411,3 +415,17 @@ def test_check_compatible_compares_tokens() -> None:
         check_compatible(tokenizer(words), tokenizer(words[:4]))
     target = tiny_llama()
     assert check_compatible((target, tokenizer(words)), (target, tokenizer(words))) == 5
+
+
+def test_resolve_draft_checks_a_loaded_drafts_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI path: a separately loaded draft whose token strings differ is refused unless overridden."""
+    target = tiny_llama()
+    words = ["<unk>"] + [f"w{i}" for i in range(VOCAB - 1)]
+    other = words[:7] + ["zzz"] + words[8:]
+    monkeypatch.setattr(models, "load_model", lambda spec, **kw: (tiny_llama(), tokenizer(other)))
+    assert resolve_draft("some/draft", target)  # no tokenizer given: nothing to compare
+    with pytest.raises(DynaTreeError, match="id 7 is 'w6' for the target, 'zzz' for the draft"):
+        resolve_draft("some/draft", target, tokenizer=tokenizer(words))
+    assert resolve_draft("some/draft", target, tokenizer=tokenizer(words), allow_vocab_mismatch=True)
+    monkeypatch.setattr(models, "load_model", lambda spec, **kw: (tiny_llama(), tokenizer(words)))
+    assert resolve_draft("some/draft", target, tokenizer=tokenizer(words))

@@ -98,6 +98,8 @@ def generate(
     draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = 0.6,
     engine: Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")] = "hf",
     compile: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")] = False,
+    kv_window: Annotated[int | None, typer.Option(help="StreamingLLM-style KV eviction: keep the sinks + this many recent tokens (may run past the model's context).")] = None,
+    kv_sinks: Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")] = 4,
 ) -> None:
     """Generate text with speculative decoding and print a one-line summary."""
     import torch
@@ -105,6 +107,7 @@ def generate(
     from . import models
     from .engine import generate as run
     from .policies import make_policy
+    from .streaming import StreamingConfig
 
     set_threads(threads)
     if not prompt.strip():
@@ -112,17 +115,21 @@ def generate(
     if max_new_tokens < 1:
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
+    if kv_window is not None:
+        StreamingConfig(kv_window, kv_sinks)
     torch_dtype = models.parse_dtype(dtype)
     tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
     dmodel = None
     if policy.uses_draft:
         dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
-                                      dtype=torch_dtype, device=device)
+                                      dtype=torch_dtype, device=device, tokenizer=tok,
+                                      allow_vocab_mismatch=allow_vocab_mismatch)
     ids = tok(prompt, return_tensors="pt").input_ids
     result = run(tmodel, dmodel, ids, policy, max_new_tokens=max_new_tokens,
                  truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch,
                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                 draft_temperature=draft_temperature, engine=engine, compile=compile)
+                 draft_temperature=draft_temperature, engine=engine, compile=compile,
+                 kv_window=kv_window, kv_sinks=kv_sinks)
     new = result.sequences[0, result.stats.prompt_tokens:]
     typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
     s = result.stats

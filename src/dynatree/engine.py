@@ -25,6 +25,7 @@ from .errors import DynaTreeError
 from .policies import DraftPolicy, RoundFeedback, make_policy
 from .sampling import DRAFT_TEMPERATURE, DraftSampler, SamplesDraft, SamplingConfig, make_generator
 from .stats import GenerationResult, GenerationStats, RoundStats
+from .streaming import StreamingConfig, StreamingKV, find_rope
 from .tree import TreeBuilder
 from .verify import greedy_accept, sample_accept, tree_forward
 
@@ -52,6 +53,8 @@ def generate(
     stop_strings: str | Sequence[str] | None = None,
     tokenizer: Any = None,
     lazy_head: bool | None = None,
+    kv_window: int | None = None,
+    kv_sinks: int = 4,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -91,6 +94,11 @@ def generate(
             automatically on CPU with the hf engine, where the head is a large share of a verify).
         tree_order: ``"bfs"`` (creation order) or ``"dfs"`` (depth-first; makes the tree mask
             block-sparse for the Triton tree-attention kernel, seed 003 App. C).
+        kv_window: StreamingLLM-style eviction (seed 002's baseline): keep only the ``kv_sinks``
+            first tokens and the ``kv_window`` most recent ones in both caches, so a run may go
+            past the models' maximum positions. Greedy output equals greedy autoregressive
+            output *under the same eviction*, not the full-context output. RoPE models, hf engine.
+        kv_sinks: attention-sink tokens kept with ``kv_window`` (StreamingLLM uses 4).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     policy = make_policy(strategy, **strategy_options)
@@ -107,7 +115,16 @@ def generate(
     if policy.uses_draft:
         _check_vocab(target, draft, allow_vocab_mismatch)
     models = [target] + ([draft] if policy.uses_draft else [])
-    prompt = _fit_positions(prompt, max_new_tokens, policy.max_depth(), models, truncate_prompt)
+    streaming = None
+    if kv_window is not None:
+        streaming = StreamingConfig(kv_window, kv_sinks)
+        if engine != "hf":
+            raise DynaTreeError("kv_window (KV eviction) works with engine='hf' only")
+        ropes = [find_rope(m) for m in models]
+        for m in models:
+            streaming.check(m, policy.max_depth(), max_positions(m))
+    else:
+        prompt = _fit_positions(prompt, max_new_tokens, policy.max_depth(), models, truncate_prompt)
     stop = _eos_set(target, eos_token_id)
     if isinstance(stop_strings, str):
         stop_strings = [stop_strings]
@@ -136,6 +153,10 @@ def generate(
         draft_kv = None
         if policy.uses_draft:
             draft_kv = cached_model(draft, vocab, engine, rows + 4 * StaticCachedModel.BUCKETS[-1], static)
+        if streaming is not None:
+            target_kv = StreamingKV(target_kv, streaming, ropes[0])
+            if draft_kv is not None:
+                draft_kv = StreamingKV(draft_kv, streaming, ropes[1])
         if lazy_head is None:
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
@@ -339,7 +360,8 @@ def _fit_positions(
         if truncate and need_extra < limit:
             prompt = prompt[len(prompt) - (limit - need_extra) :]
             continue
-        hint = "" if truncate else "; pass truncate_prompt=True (--truncate-prompt) to keep the last tokens of the prompt"
+        hint = "" if truncate else ("; pass truncate_prompt=True (--truncate-prompt) to keep the last tokens of the "
+                                    "prompt, or kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
         raise DynaTreeError(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + tree depth ({depth}) = {need} "
             f"positions exceeds {type(model).__name__}'s maximum of {limit} by {need - limit}{hint}"

@@ -31,7 +31,7 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -400,12 +400,16 @@ def resolve_draft(
     *,
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
+    tokenizer: Any = None,
+    allow_vocab_mismatch: bool = False,
 ) -> nn.Module:
     """A draft model from a ``--draft`` spec: ``early-exit:K``, the distilled preset, or any model name.
 
     A separately loaded draft gets ``dtype`` and ``device`` (default: the target's) and the target's
     attention implementation. Early-exit and distilled drafts share the target's tensors, so they
-    always follow the target's dtype and device.
+    always follow the target's dtype and device. Given the target's ``tokenizer``, a separately
+    loaded draft is checked with :func:`check_compatible` (sizes and a sample of token strings)
+    unless ``allow_vocab_mismatch``.
     """
     if spec.startswith(EARLY_EXIT_PREFIX):
         depth = spec[len(EARLY_EXIT_PREFIX):]
@@ -416,12 +420,14 @@ def resolve_draft(
         return make_early_exit_draft(target, int(depth))
     if spec == DEFAULT_DRAFT:
         return _load_distilled_draft(target)
-    model, _ = load_model(
+    model, draft_tokenizer = load_model(
         spec,
         dtype=dtype if dtype is not None else target.dtype,
         device=device if device is not None else target.device,
         attn_implementation=target.config._attn_implementation,
     )
+    if tokenizer is not None:
+        check_compatible((target, tokenizer), (model, draft_tokenizer), allow_vocab_mismatch=allow_vocab_mismatch)
     return model
 
 

@@ -47,6 +47,8 @@ Overwrite = Annotated[bool, typer.Option(help="Start a fresh results file instea
 Progress = Annotated[bool, typer.Option(help="Show a progress bar.")]
 Engine = Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allocated cache, bucketed trees).")]
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")]
+KvWindow = Annotated[int | None, typer.Option(help="StreamingLLM-style eviction for every strategy: keep the sinks + this many recent tokens (runs may exceed the models' context).")]
+KvSinks = Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")]
 
 
 def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
@@ -58,7 +60,7 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
     if not needs_draft:
         return tmodel, None, tokenizer, None
     draft_name = models.DEFAULT_DRAFT if draft == "default" else draft
-    dmodel = models.resolve_draft(draft_name, tmodel, dtype=torch_dtype, device=device)
+    dmodel = models.resolve_draft(draft_name, tmodel, dtype=torch_dtype, device=device, tokenizer=tokenizer)
     return tmodel, dmodel, tokenizer, draft_name
 
 
@@ -88,7 +90,8 @@ def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) 
 
 
 def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens: int, max_prompt_tokens: int,
-              dtype: str, device: str, seed: int, engine: str, compile: bool, temperature: float = 0.0) -> BenchSettings:
+              dtype: str, device: str, seed: int, engine: str, compile: bool, temperature: float = 0.0,
+              kv_window: int | None = None, kv_sinks: int = 4) -> BenchSettings:
     import torch
 
     from .runner import BenchSettings
@@ -96,7 +99,8 @@ def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens:
     return BenchSettings(target=target, draft=draft_name, dataset=dataset, max_new_tokens=max_new_tokens,
                          max_prompt_tokens=max_prompt_tokens, dtype=dtype, device=device,
                          threads=torch.get_num_threads(), engine=engine, compile=compile,
-                         temperature=temperature, extra={"prompt_seed": seed})
+                         temperature=temperature, kv_window=kv_window, kv_sinks=kv_sinks,
+                         extra={"prompt_seed": seed})
 
 
 def print_summary(summaries: list[Summary], title: str) -> None:
@@ -174,6 +178,8 @@ def bench(
     engine: Engine = "hf",
     compile: Compile = False,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against AR); > 0 = lossless sampling (hf-assisted skipped).")] = 0.0,
+    kv_window: KvWindow = None,
+    kv_sinks: KvSinks = 4,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from .runner import run_bench
@@ -187,10 +193,10 @@ def bench(
     prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
     if temperature < 0:
         raise DynaTreeError(f"--temperature must be >= 0, got {temperature}")
-    if temperature > 0:
+    if temperature > 0 or kv_window is not None:
         specs = [s for s in specs if s.name != "hf-assisted"]
     settings = _settings(target, draft_name, dataset, max_new_tokens, max_prompt_tokens, dtype, device, seed,
-                         engine, compile, temperature)
+                         engine, compile, temperature, kv_window, kv_sinks)
     with ResultsWriter(output, overwrite=overwrite) as writer:
         outcome = _run_saving(writer, lambda: run_bench(
             tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=warmup,
@@ -222,6 +228,8 @@ def sweep(
     progress: Progress = True,
     engine: Engine = "hf",
     compile: Compile = False,
+    kv_window: KvWindow = None,
+    kv_sinks: KvSinks = 4,
 ) -> None:
     """Sweep a grid of strategy options (resumable: rerun the same command to continue)."""
     from .specs import parse_spec, parse_strategies
@@ -240,7 +248,7 @@ def sweep(
     base_specs = _drop_unsupported_hf(base_specs, dmodel, explicit=True)
     prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
     settings = _settings(target, draft_name, dataset, T[0], max_prompt_tokens, dtype, device, seed,
-                         engine, compile)
+                         engine, compile, kv_window=kv_window, kv_sinks=kv_sinks)
     typer.secho(f"sweep: {sweep_grid.size} configurations × {len(T)} length(s) × {len(prompts)} prompts",
                 err=True)
     with ResultsWriter(output, overwrite=overwrite) as writer:

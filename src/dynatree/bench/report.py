@@ -33,7 +33,8 @@ from .metrics import AR, Agg, Summary, committed_per_round, summarize, varying_o
 from .store import LoadedResults, load_results
 
 Row = Mapping[str, Any]
-SETUP_KEYS = ("target", "draft", "dtype", "device", "threads", "max_new_tokens", "engine", "compile", "temperature")
+SETUP_KEYS = ("target", "draft", "dtype", "device", "threads", "max_new_tokens", "engine", "compile", "temperature",
+              "kv_window", "kv_sinks")
 DASH = "—"
 
 
@@ -96,6 +97,9 @@ def _setup_title(settings: Mapping[str, Any]) -> str:
     threads = f", {settings.get('threads')} threads" if settings.get("threads") else ""
     engine = f" · engine {settings.get('engine', 'hf')}" + (" + compile" if settings.get("compile") else "")
     temp = f" · temperature {settings['temperature']}" if settings.get("temperature") else " · greedy"
+    if settings.get("kv_window"):
+        temp += (f" · StreamingLLM KV eviction ({settings.get('kv_sinks', 4)} sinks + {settings['kv_window']} "
+                 "recent tokens)")
     return (f"target {settings.get('target')} · draft {settings.get('draft')} · {settings.get('dtype')} "
             f"{settings.get('device')}{threads} · T = {settings.get('max_new_tokens')}{engine}{temp}")
 

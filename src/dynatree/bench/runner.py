@@ -82,6 +82,8 @@ class BenchSettings:
     engine: str = "hf"  # engine.generate's cache engine: "hf" (dynamic) or "static"; hf-assisted ignores it
     compile: bool = False
     temperature: float = 0.0  # > 0: lossless sampling; outputs then differ from AR by design (no greedy check)
+    kv_window: int | None = None  # StreamingLLM-style eviction (sinks + window) for every strategy, AR included
+    kv_sinks: int = 4
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -91,11 +93,17 @@ class BenchSettings:
             raise DynaTreeError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.engine not in ("hf", "static"):
             raise DynaTreeError(f"engine must be 'hf' or 'static', got {self.engine!r}")
+        if self.kv_window is not None:
+            from ..streaming import StreamingConfig
+
+            StreamingConfig(self.kv_window, self.kv_sinks)  # validates both
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if d["kv_window"] is None:  # keep the keys of rows written before eviction existed
+            del d["kv_window"], d["kv_sinks"]
         if isinstance(d["eos_token_id"], tuple):
             d["eos_token_id"] = list(d["eos_token_id"])
         return d
@@ -134,6 +142,8 @@ def run_engine(
         engine=settings.engine,
         compile=settings.compile,
         temperature=settings.temperature,
+        kv_window=settings.kv_window,
+        kv_sinks=settings.kv_sinks,
         **spec.options,
     )
     d = result.stats.to_dict()
@@ -274,6 +284,8 @@ def run_bench(
             f"hf-assisted needs a HuggingFace model as draft (got {type(draft).__name__}, e.g. an early-exit "
             "or distilled draft); drop hf-assisted or pass a standalone draft model"
         )
+    if settings.kv_window is not None and any(s.name == HF_ASSISTED for s in specs):
+        raise DynaTreeError("hf-assisted cannot evict KV rows (--kv-window); drop it from the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
     ids = [p.id for p in prompts]
