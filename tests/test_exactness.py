@@ -150,12 +150,18 @@ def test_static_engine_equals_target(arch: str, strategy: str) -> None:
 
 
 def test_compiled_static_engine_equals_target() -> None:
-    """torch.compile'd steps (one graph per bucket), reused by a second call without recompiling."""
+    """torch.compile'd steps (one graph per bucket): precompile builds them all, runs add none."""
+    from torch._dynamo.utils import counters
+
     m = models("llama")
+    buckets = (1, 4, 8)
+    dynatree.precompile(m["target"], m["perturbed"], 64, buckets=buckets)
+    graphs = counters["stats"]["unique_graphs"]
     for seed in (1, 2):
         out = dynatree.generate(m["target"], m["perturbed"], prompt(5, seed), "linear", max_new_tokens=20,
-                                eos_token_id=[], engine="static", compile=True, k=3)
+                                eos_token_id=[], engine="static", compile=True, buckets=buckets, k=3)
         assert torch.equal(out.sequences, reference("llama", 5, seed, 20))
+    assert counters["stats"]["unique_graphs"] == graphs, "a timed run compiled a new graph"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])

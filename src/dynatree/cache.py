@@ -175,6 +175,14 @@ class StaticCachedModel(CachedModel):
             name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
             setattr(cfg, name, max(getattr(cfg, name), limit))
             self._step = torch.compile(self._raw_step, dynamic=False, mode=compile_mode)
+            # Initialise the cache eagerly: a graph traced on the lazy first call would guard on
+            # is_initialized == False and be traced again on the next call, and the cache tensors
+            # are only marked as static addresses (CUDA graphs) outside compilation.
+            device = next(model.parameters()).device
+            self._raw_step(torch.zeros(1, 1, dtype=torch.long, device=device),
+                           torch.zeros(1, 1, 1, self.capacity, dtype=self.dtype, device=device),
+                           torch.zeros(1, 1, dtype=torch.long, device=device))
+            self._set_length(0)
 
     @property
     def length(self) -> int:
@@ -185,6 +193,13 @@ class StaticCachedModel(CachedModel):
         step = self.buckets[-1]
         for i in range(0, len(tokens), step):
             super().prefill(list(tokens[i : i + step]))
+
+    def precompile(self) -> None:
+        """Run one causal call per bucket (compiling its graph if compiled), then empty the cache."""
+        for b in self.buckets:
+            self.reset()
+            self.forward(torch.zeros(b, dtype=torch.long), torch.arange(b), torch.ones(b, b, dtype=torch.bool).tril(), 0)
+        self.reset()
 
     def reset(self) -> None:
         """Empty the cache for a new generation (storage and compiled graphs are kept)."""

@@ -142,10 +142,7 @@ def generate(
         raise DynaTreeError(f"unknown tree_order '{tree_order}': must be 'bfs' or 'dfs'")
     if buckets is not None and (not buckets or any(not isinstance(b, int) or b < 1 for b in buckets)):
         raise DynaTreeError(f"buckets must be positive integers, got {buckets!r}")
-    mode = compile if isinstance(compile, str) else None
-    if compile is True and next(target.parameters()).device.type == "cuda":
-        mode = "reduce-overhead"
-    static = {"compile": bool(compile), "compile_mode": mode, "buckets": tuple(buckets) if buckets else None}
+    static = _static_options(target, compile, buckets)
 
     with torch.inference_mode(), _eval_mode(models):
         rows = len(prompt) + max_new_tokens
@@ -166,6 +163,36 @@ def generate(
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _static_options(target: torch.nn.Module, compile: bool | str, buckets: Sequence[int] | None) -> dict[str, Any]:
+    mode = compile if isinstance(compile, str) else None
+    if compile is True and next(target.parameters()).device.type == "cuda":
+        mode = "reduce-overhead"
+    return {"compile": bool(compile), "compile_mode": mode, "buckets": tuple(buckets) if buckets else None}
+
+
+def precompile(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    max_rows: int,
+    *,
+    compile: bool | str = True,
+    buckets: Sequence[int] | None = None,
+) -> None:
+    """Build every bucket's graph of the pooled static engines now, for runs of up to ``max_rows``
+    (prompt + new tokens), so that no compilation lands inside a timed generation.
+
+    Which buckets a run touches depends on the trees it happens to build, so warm-up runs alone
+    can leave a graph to be compiled in the middle of a measurement (vLLM likewise captures all
+    its CUDA-graph batch sizes at start-up).
+    """
+    static = _static_options(target, compile, buckets)
+    vocab = _vocab_size(target)
+    with torch.inference_mode(), _eval_mode([m for m in (target, draft) if m is not None]):
+        cached_model(target, vocab, "static", max_rows + StaticCachedModel.BUCKETS[-1], static).precompile()
+        if draft is not None:
+            cached_model(draft, vocab, "static", max_rows + 4 * StaticCachedModel.BUCKETS[-1], static).precompile()
 
 
 def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, static: dict[str, Any]) -> CachedModel:

@@ -49,6 +49,7 @@ Engine = Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allo
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")]
 KvWindow = Annotated[int | None, typer.Option(help="StreamingLLM-style eviction for every strategy: keep the sinks + this many recent tokens (runs may exceed the models' context).")]
 KvSinks = Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")]
+Buckets = Annotated[str | None, typer.Option(help="Static engine query buckets, e.g. 1,8,128 (fewer = fewer compiled graphs; default 1,2,4,...,256).")]
 
 
 def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
@@ -91,7 +92,7 @@ def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) 
 
 def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens: int, max_prompt_tokens: int,
               dtype: str, device: str, seed: int, engine: str, compile: bool, temperature: float = 0.0,
-              kv_window: int | None = None, kv_sinks: int = 4) -> BenchSettings:
+              kv_window: int | None = None, kv_sinks: int = 4, buckets: str | None = None) -> BenchSettings:
     import torch
 
     from .runner import BenchSettings
@@ -100,7 +101,17 @@ def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens:
                          max_prompt_tokens=max_prompt_tokens, dtype=dtype, device=device,
                          threads=torch.get_num_threads(), engine=engine, compile=compile,
                          temperature=temperature, kv_window=kv_window, kv_sinks=kv_sinks,
+                         buckets=_parse_buckets(buckets),
                          extra={"prompt_seed": seed})
+
+
+def _parse_buckets(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError:
+        raise DynaTreeError(f"--buckets must be comma-separated positive integers, got {text!r}") from None
 
 
 def print_summary(summaries: list[Summary], title: str) -> None:
@@ -180,6 +191,7 @@ def bench(
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against AR); > 0 = lossless sampling (hf-assisted skipped).")] = 0.0,
     kv_window: KvWindow = None,
     kv_sinks: KvSinks = 4,
+    buckets: Buckets = None,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from .runner import run_bench
@@ -196,7 +208,7 @@ def bench(
     if temperature > 0 or kv_window is not None:
         specs = [s for s in specs if s.name != "hf-assisted"]
     settings = _settings(target, draft_name, dataset, max_new_tokens, max_prompt_tokens, dtype, device, seed,
-                         engine, compile, temperature, kv_window, kv_sinks)
+                         engine, compile, temperature, kv_window, kv_sinks, buckets)
     with ResultsWriter(output, overwrite=overwrite) as writer:
         outcome = _run_saving(writer, lambda: run_bench(
             tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=warmup,
@@ -230,6 +242,7 @@ def sweep(
     compile: Compile = False,
     kv_window: KvWindow = None,
     kv_sinks: KvSinks = 4,
+    buckets: Buckets = None,
 ) -> None:
     """Sweep a grid of strategy options (resumable: rerun the same command to continue)."""
     from .specs import parse_spec, parse_strategies
@@ -248,7 +261,7 @@ def sweep(
     base_specs = _drop_unsupported_hf(base_specs, dmodel, explicit=True)
     prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
     settings = _settings(target, draft_name, dataset, T[0], max_prompt_tokens, dtype, device, seed,
-                         engine, compile, kv_window=kv_window, kv_sinks=kv_sinks)
+                         engine, compile, kv_window=kv_window, kv_sinks=kv_sinks, buckets=buckets)
     typer.secho(f"sweep: {sweep_grid.size} configurations × {len(T)} length(s) × {len(prompts)} prompts",
                 err=True)
     with ResultsWriter(output, overwrite=overwrite) as writer:

@@ -34,7 +34,7 @@ from .store import LoadedResults, load_results
 
 Row = Mapping[str, Any]
 SETUP_KEYS = ("target", "draft", "dtype", "device", "threads", "max_new_tokens", "engine", "compile", "temperature",
-              "kv_window", "kv_sinks")
+              "kv_window", "kv_sinks", "buckets")
 DASH = "—"
 
 

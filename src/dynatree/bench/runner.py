@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..engine import generate
+from ..engine import generate, precompile
 from ..errors import DynaTreeError
 from .specs import AUTOREGRESSIVE, HF_ASSISTED, StrategySpec
 from .store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
@@ -84,6 +84,7 @@ class BenchSettings:
     temperature: float = 0.0  # > 0: lossless sampling; outputs then differ from AR by design (no greedy check)
     kv_window: int | None = None  # StreamingLLM-style eviction (sinks + window) for every strategy, AR included
     kv_sinks: int = 4
+    buckets: tuple[int, ...] | None = None  # static engine query buckets (None: 1, 2, 4, ..., 256)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,6 +98,10 @@ class BenchSettings:
             from ..streaming import StreamingConfig
 
             StreamingConfig(self.kv_window, self.kv_sinks)  # validates both
+        if self.buckets is not None:
+            if not self.buckets or any(not isinstance(b, int) or b < 1 for b in self.buckets):
+                raise DynaTreeError(f"buckets must be positive integers, got {self.buckets!r}")
+            object.__setattr__(self, "buckets", tuple(sorted(self.buckets)))
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 
@@ -104,6 +109,10 @@ class BenchSettings:
         d = dataclasses.asdict(self)
         if d["kv_window"] is None:  # keep the keys of rows written before eviction existed
             del d["kv_window"], d["kv_sinks"]
+        if d["buckets"] is None:
+            del d["buckets"]
+        else:
+            d["buckets"] = list(d["buckets"])
         if isinstance(d["eos_token_id"], tuple):
             d["eos_token_id"] = list(d["eos_token_id"])
         return d
@@ -142,6 +151,7 @@ def run_engine(
         engine=settings.engine,
         compile=settings.compile,
         temperature=settings.temperature,
+        buckets=settings.buckets,
         kv_window=settings.kv_window,
         kv_sinks=settings.kv_sinks,
         **spec.options,
@@ -307,6 +317,10 @@ def run_bench(
     reference: dict[str, list[int]] = {}
     bar = _progress(progress, warmup * len(specs) if todo else 0, len(todo))
     with bar:
+        if todo and settings.engine == "static" and settings.compile:
+            bar.describe("compiling every static bucket")
+            precompile(target, draft if any(s.uses_draft for s in specs) else None,
+                       max(len(p.ids) for p in prompts) + settings.max_new_tokens, buckets=settings.buckets)
         if todo:
             wt = min(warmup_tokens or settings.max_new_tokens, settings.max_new_tokens)
             for w in range(warmup):
