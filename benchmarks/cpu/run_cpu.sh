@@ -18,3 +18,7 @@ dynatree sweep --strategy dynatree --grid max_nodes=4,8,16,32 --grid rho_deep=0.
 # 5. static engine, eager and compiled (compilation happens in the unrecorded warm-up run)
 dynatree bench --engine static --strategies "autoregressive,linear:k=3,dynatree" --num-prompts 4 --max-new-tokens 96 --warmup 1 $common --output $out/static.jsonl
 timeout 900 dynatree bench --engine static --compile --strategies "autoregressive,linear:k=3,dynatree" --num-prompts 4 --max-new-tokens 96 --warmup 1 $common --output $out/static_compiled.jsonl
+# 6. history sweep (session 3): W x a*, then the gates B_mid x rho_stop x eta_D
+dynatree sweep --strategy dynatree --grid window=4,8,16 --grid target_accept=0.25,0.35,0.5 --baselines autoregressive --num-prompts 4 --max-new-tokens 64 --warmup 1 $common --output $out/sweep_history.jsonl
+dynatree sweep --strategy dynatree --grid rho_stop=0.02,0.05,0.1 --grid b_mid=1,2 --grid eta_d=1,2,4 --baselines autoregressive --num-prompts 4 --max-new-tokens 64 --warmup 1 $common --output $out/sweep_gates.jsonl
+bash benchmarks/cpu/run_cpu_session3.sh

@@ -6,6 +6,7 @@ source of numbers, and uses the non-interactive Agg backend so it works on a hea
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -22,6 +23,13 @@ def _save(fig: "plt.Figure", path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def _title(ax: "plt.Axes", title: str, fontsize: int) -> None:
+    """Set a title wrapped to the figure's width (setup titles can be longer than a figure)."""
+    width = max(20, int(ax.figure.get_figwidth() * 72 / (0.6 * fontsize)))
+    lines = [w for line in title.split("\n") for w in textwrap.wrap(line, width) or [""]]
+    ax.set_title("\n".join(lines), fontsize=fontsize)
 
 
 def _color(label: str, i: int, colors: Mapping[str, str] | None) -> str:
@@ -44,7 +52,7 @@ def throughput_bars(
     ax.set_xticks(list(xs), labels, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("throughput (generated tokens / s)")
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    ax.set_title(title, fontsize=10)
+    _title(ax, title, 10)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -60,7 +68,7 @@ def speedup_vs_length(
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="autoregressive")
     ax.set_xlabel("generated tokens T")
     ax.set_ylabel("speedup vs autoregressive (×)")
-    ax.set_title(title, fontsize=10)
+    _title(ax, title, 10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -83,7 +91,7 @@ def tokens_per_round_hist(
     ax.set_xlabel("tokens committed per round (L)")
     ax.set_ylabel("share of rounds")
     ax.set_xticks(range(1, hi + 1))
-    ax.set_title(title, fontsize=10)
+    _title(ax, title, 10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -111,5 +119,5 @@ def heatmap(
                 ax.text(i, j, f"{grid[j, i]:.2f}", ha="center", va="center", fontsize=8,
                         color="black" if grid[j, i] > mid else "white")
     fig.colorbar(im, ax=ax, label=value_name)
-    ax.set_title(title, fontsize=9)
+    _title(ax, title, 9)
     return _save(fig, path)

@@ -11,11 +11,12 @@ Per round (S0/S1 Alg. 1, expanded breadth-first, one draft call per level):
 * history (S0 §3.4): a_r = accepted / drafted nodes of round r, averaged over the last W rounds
   (ā); then D_0 <- clip(D_0 + eta_D (ā - a*), 1, D_max - 1) and tau_h <- clip(tau_h - eta_h (ā - a*)).
 
-Decisions the seeds leave open (DESIGN.md): tau = 0.1 and rho_deep = 0.5 and a CPU node budget
-of 4 come from the sweep in benchmarks/cpu (offline pair); D_0 is kept as a real number and rounded when gating;
+Decisions the seeds leave open (DESIGN.md): tau = 0.1, rho_deep = 0.5 and a CPU node budget
+of 4 come from the sweep in benchmarks/cpu (offline pair); a* = 0.25 from the history sweep there
+(W in 4/8/16 x a* in 0.25/0.35/0.5; B_mid, rho_stop and eta_D swept too and left at 2, 0.05, 2:
+at a 4-node budget they move L by < 0.03). D_0 is kept as a real number and rounded when gating;
 tau_l moves with tau_h (same shift, kept below it); history starts afresh at every generate() call;
-adaptation starts once W rounds have been seen. B_mid, rho_stop, W, a* and eta are provisional
-(not yet swept).
+adaptation starts once W rounds have been seen. eta_h is not swept.
 
 Level batching: gating depends only on a node's own depth and path probability, so all nodes of a
 level that pass it are expanded in one draft call; capping that list at the remaining budget makes
@@ -53,7 +54,7 @@ class DynaTreeConfig:
     max_nodes: int | None = None  # None: 4 on CPU, 64 on GPU (see DEFAULT_MAX_NODES)
     history: bool = True
     window: int = 8
-    target_accept: float = 0.35
+    target_accept: float = 0.25
     eta_d: float = 2.0
     eta_h: float = 0.2
     adaptive_breadth: bool = True
