@@ -177,11 +177,12 @@ def test_dfs_tree_order_equals_target(arch: str, engine: str, strategy: str) -> 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("lazy_head", [False, True])
-def test_lazy_and_full_lm_head_equal_target(arch: str, lazy_head: bool) -> None:
+@pytest.mark.parametrize("engine", ["hf", "static"])
+def test_lazy_and_full_lm_head_equal_target(arch: str, lazy_head: bool, engine: str) -> None:
     """Applying the LM head to every node (GPU default) or only to the nodes read (CPU default)."""
     m = models(arch)
     out = dynatree.generate(m["target"], m["perturbed"], prompt(6, 5), "dynatree", max_new_tokens=30,
-                            eos_token_id=[], lazy_head=lazy_head, **OPTIONS["dynatree"])
+                            eos_token_id=[], lazy_head=lazy_head, engine=engine, **OPTIONS["dynatree"])
     assert torch.equal(out.sequences, reference(arch, 6, 5, 30))
 
 

@@ -114,12 +114,16 @@ class CachedModel:
     def head(self) -> torch.nn.Module:
         return self.model.get_output_embeddings()
 
-    def supports_lazy_head(self) -> bool:
+    def plain_head(self) -> bool:
         """True if logits are exactly ``head(base_model(...))``: no scaling or soft-capping on top."""
         cfg = self.model.config
         plain = not any(getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
-        return plain and self.engine == "hf" and getattr(self.model, "base_model", self.model) is not self.model \
+        return plain and getattr(self.model, "base_model", self.model) is not self.model \
             and isinstance(self.head, torch.nn.Linear)
+
+    def supports_lazy_head(self) -> bool:
+        """Whether :meth:`forward_hidden` + :attr:`head` reproduce :meth:`forward` exactly."""
+        return self.plain_head()
 
     def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                        since: int) -> torch.Tensor:
@@ -166,6 +170,9 @@ class StaticCachedModel(CachedModel):
         self.capacity = capacity + self.buckets[-1]  # room for the padding of the last call
         self.cache = StaticCache(config=model.config, max_cache_len=self.capacity)
         self._length = 0
+        # The compiled step stops before the LM head when the head is a plain Linear: the head is
+        # then applied to the real rows only (not the bucket's padding), or lazily per tree node.
+        self._hidden = self.plain_head()
         self._step = self._raw_step
         if compile:
             # One graph per (model, bucket): more than dynamo's default of 8 recompiles per code
@@ -207,8 +214,14 @@ class StaticCachedModel(CachedModel):
         self.calls = 0
 
     def _raw_step(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        if self._hidden:
+            return self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                         past_key_values=self.cache, use_cache=True).last_hidden_state
         return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
                           use_cache=True).logits
+
+    def supports_lazy_head(self) -> bool:
+        return self._hidden
 
     def _set_length(self, length: int) -> None:
         self._length = length
@@ -224,6 +237,20 @@ class StaticCachedModel(CachedModel):
         since: int,
         last_only: bool = False,
     ) -> torch.Tensor:
+        rows = self._run(tokens, positions, visible, since, last_only)
+        if self._hidden:
+            rows = self.head(rows)
+        return rows[:, : self.vocab_size].float()
+
+    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                       since: int) -> torch.Tensor:
+        if not self._hidden:
+            raise DynaTreeError("this model's logits are not head(hidden states); use forward()")
+        return self._run(tokens, positions, visible, since, False)
+
+    def _run(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+             last_only: bool) -> torch.Tensor:
+        """One padded, possibly compiled step; the real rows of its output (hidden states or logits)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         q, length = tokens.numel(), self._length
         if length + q > self.capacity - self.buckets[-1]:
@@ -242,11 +269,11 @@ class StaticCachedModel(CachedModel):
         pad = torch.arange(q, bucket)
         allowed[pad, length + pad] = True  # padding rows see only themselves (no NaN rows)
         mask = torch.zeros(bucket, self.capacity, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        logits = self._step(ids.to(self.device), mask.view(1, 1, bucket, -1).to(self.device), pos.to(self.device))
+        out = self._step(ids.to(self.device), mask.view(1, 1, bucket, -1).to(self.device), pos.to(self.device))
         self._set_length(length + q)
-        rows = logits[0, q - 1 : q] if last_only else logits[0, :q]
+        rows = out[0, q - 1 : q] if last_only else out[0, :q]
         # clone: a CUDA-graph replay reuses its output buffer on the next call
-        return rows[:, : self.vocab_size].float().clone()
+        return rows.clone()
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         keep_t = torch.as_tensor(keep, dtype=torch.long)

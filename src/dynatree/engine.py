@@ -91,7 +91,7 @@ def generate(
             is kept, as with HF ``generate(stop_strings=..., tokenizer=...)``); needs ``tokenizer``.
         tokenizer: the tokenizer used to decode for ``stop_strings``.
         lazy_head: apply the target's LM head only to the tree nodes acceptance reads (None:
-            automatically on CPU with the hf engine, where the head is a large share of a verify).
+            automatically on CPU, where the head is a large share of a verify).
         tree_order: ``"bfs"`` (creation order) or ``"dfs"`` (depth-first; makes the tree mask
             block-sparse for the Triton tree-attention kernel, seed 003 App. C).
         kv_window: StreamingLLM-style eviction (seed 002's baseline): keep only the ``kv_sinks``
@@ -157,7 +157,7 @@ def generate(
         if lazy_head is None:
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
-            raise DynaTreeError("lazy_head=True needs engine='hf' and a model whose logits are head(hidden) exactly")
+            raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
         return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
                        stop_text, lazy_head)
 
