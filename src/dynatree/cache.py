@@ -220,9 +220,6 @@ class StaticCachedModel(CachedModel):
         return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
                           use_cache=True).logits
 
-    def supports_lazy_head(self) -> bool:
-        return self._hidden
-
     def _set_length(self, length: int) -> None:
         self._length = length
         for layer in self.cache.layers:
