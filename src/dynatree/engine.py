@@ -118,8 +118,6 @@ def generate(
     streaming = None
     if kv_window is not None:
         streaming = StreamingConfig(kv_window, kv_sinks)
-        if engine != "hf":
-            raise DynaTreeError("kv_window (KV eviction) works with engine='hf' only")
         ropes = [find_rope(m) for m in models]
         for m in models:
             streaming.check(m, policy.max_depth(), max_positions(m))
@@ -145,11 +143,8 @@ def generate(
     static = _static_options(target, compile, buckets)
 
     with torch.inference_mode(), _eval_mode(models):
-        rows = len(prompt) + max_new_tokens
-        target_kv = cached_model(target, vocab, engine, rows + StaticCachedModel.BUCKETS[-1], static)
-        draft_kv = None
-        if policy.uses_draft:
-            draft_kv = cached_model(draft, vocab, engine, rows + 4 * StaticCachedModel.BUCKETS[-1], static)
+        target_kv, draft_kv = _cached_pair(target, draft if policy.uses_draft else None, vocab, engine,
+                                           len(prompt) + max_new_tokens, static)
         if streaming is not None:
             target_kv = StreamingKV(target_kv, streaming, ropes[0])
             if draft_kv is not None:
@@ -190,9 +185,19 @@ def precompile(
     static = _static_options(target, compile, buckets)
     vocab = _vocab_size(target)
     with torch.inference_mode(), _eval_mode([m for m in (target, draft) if m is not None]):
-        cached_model(target, vocab, "static", max_rows + StaticCachedModel.BUCKETS[-1], static).precompile()
-        if draft is not None:
-            cached_model(draft, vocab, "static", max_rows + 4 * StaticCachedModel.BUCKETS[-1], static).precompile()
+        for kv in _cached_pair(target, draft, vocab, "static", max_rows, static):
+            if kv is not None:
+                kv.precompile()
+
+
+def _cached_pair(target: torch.nn.Module, draft: torch.nn.Module | None, vocab: int, engine: str, rows: int,
+                 static: dict[str, Any]) -> tuple[CachedModel, CachedModel | None]:
+    """Target and draft caches for runs of up to ``rows`` tokens, plus room for one tree (the draft
+    also holds expanded nodes of several levels)."""
+    big = StaticCachedModel.BUCKETS[-1]
+    target_kv = cached_model(target, vocab, engine, rows + big, static)
+    draft_kv = cached_model(draft, vocab, engine, rows + 4 * big, static) if draft is not None else None
+    return target_kv, draft_kv
 
 
 def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, static: dict[str, Any]) -> CachedModel:
