@@ -133,6 +133,27 @@ def test_strategy_spec_syntax() -> None:
             parse_strategies(bad)
 
 
+def test_run_options_pick_the_engine_per_spec() -> None:
+    specs = parse_strategies("autoregressive,autoregressive:engine=static:compile=true@ar-c,"
+                             "dynatree:engine=static:window=4@dt-static")
+    ar, arc, dt = specs
+    assert arc.run == {"engine": "static", "compile": True} and arc.policy_options == {}
+    assert dt.policy_options == {"window": 4} and dt.config["window"] == 4 and dt.config["engine"] == "static"
+    assert "engine" not in ar.config  # rows without run options keep their old keys
+    assert ar.engine_for("hf", False) == ("hf", False) and arc.engine_for("hf", False) == ("static", True)
+    assert dt.engine_for("hf", False) == ("static", False) and dt.engine_for("static", True) == ("static", True)
+    # a spec that asks for the eager engine drops a bench-wide --compile; a plain one keeps it
+    hf = parse_strategies("linear:engine=hf@eager")[1]
+    assert hf.engine_for("static", True) == ("hf", False) and ar.engine_for("static", True) == ("static", True)
+    with pytest.raises(DynaTreeError, match="compile=true needs engine=static"):
+        parse_strategies("linear:compile=true")[1].engine_for("hf", False)
+    for bad, msg in (("linear:engine=gpu", "engine must be one of"), ("linear:compile=3", "compile must be true"),
+                     ("hf-assisted:engine=static", "takes no"),
+                     ("autoregressive,autoregressive@again", "same engine options")):
+        with pytest.raises(DynaTreeError, match=msg):
+            parse_strategies(bad)
+
+
 def test_first_mismatch() -> None:
     assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
     assert first_mismatch([1, 2, 3], [1, 9, 3]) == 1
@@ -176,6 +197,54 @@ def test_runner_all_strategies_match_autoregressive(pair, prompts, tmp_path: Pat
     hf = next(r for r in rows if r["strategy"] == "hf-assisted")
     assert hf["stats"]["acceptance"] is None and hf["stats"]["rounds"] == len(hf["per_round"]) >= 1
     assert sum(p["committed"] for p in hf["per_round"]) == T
+
+
+def test_one_run_measures_both_engines_against_both_baselines(pair, prompts, tmp_path: Path, monkeypatch) -> None:
+    """Issue 8's side-by-side table: HF-eager AR, static AR and a strategy on both engines in one run."""
+    target, draft = pair
+    seen: list[tuple[str, str, bool]] = []
+    real_generate = runner_mod.generate
+
+    def spy(*args, **kw):
+        seen.append((args[3], kw["engine"], kw["compile"]))
+        return real_generate(*args, **kw)
+
+    monkeypatch.setattr(runner_mod, "generate", spy)
+    specs = parse_strategies("autoregressive,autoregressive:engine=static@ar-static,linear:k=3,"
+                             "linear:k=3:engine=static@linear-static")
+    with ResultsWriter(tmp_path / "r.jsonl") as w:
+        out = run_bench(target, draft, prompts, specs, settings(), writer=w, warmup=0, progress=False)
+    assert out.mismatches == [] and out.new_rows == 8
+    assert seen[:4] == [("autoregressive", "hf", False), ("autoregressive", "static", False),
+                        ("linear", "hf", False), ("linear", "static", False)]
+    rows = load_results(tmp_path / "r.jsonl").rows
+    assert [r["engine"]["engine"] for r in rows[:4]] == ["hf", "static", "hf", "static"]
+    assert [r["reference"] for r in rows[:4]] == [True, False, False, False]
+    assert rows[1]["greedy_match"] is True  # the extra baseline is checked against the reference too
+    by = {s.label: s for s in summarize(rows)}
+    assert list(by["linear-static"].speedups) == ["autoregressive", "ar-static"]
+    ls, ar_static = by["linear-static"], by["ar-static"]
+    assert ls.speedups["ar-static"] == pytest.approx(ls.get("throughput").mean / ar_static.get("throughput").mean)
+    assert ls.speedups["autoregressive"] == pytest.approx(ls.speedup)
+    assert by["autoregressive"].reference and not ar_static.reference
+    text = build_report(tmp_path / "r.jsonl", tmp_path / "rep").markdown.read_text()
+    assert "Speedup vs autoregressive | Speedup vs ar-static" in text
+    assert "over 6 checked runs" in text  # ar-static, linear, linear-static on 2 prompts
+
+
+def test_an_extra_baseline_that_differs_is_reported_as_a_mismatch(pair, prompts, monkeypatch) -> None:
+    real = runner_mod.run_engine
+
+    def broken_static(target, draft, prompt, spec, s, max_new_tokens):  # a static engine that is off by one
+        m = real(target, draft, prompt, spec, s, max_new_tokens)
+        if spec.run.get("engine") != "static":
+            return m
+        return runner_mod.Measurement([m.output_ids[0] ^ 1, *m.output_ids[1:]], m.stats, m.per_round)
+
+    monkeypatch.setattr(runner_mod, "run_engine", broken_static)
+    out = run_bench(*pair, prompts, parse_strategies("autoregressive,autoregressive:engine=static@ar-static"),
+                    settings(), warmup=0, progress=False)
+    assert {r["label"] for r in out.mismatches} == {"ar-static"} and len(out.mismatches) == 2
 
 
 def test_runner_with_kv_eviction_runs_past_the_context_and_reports_it(prompts, tmp_path: Path) -> None:

@@ -26,7 +26,10 @@ DEFAULT_STRATEGIES = "autoregressive,linear,fixed,dynatree,dyspec,hf-assisted"
 STRATEGY_HELP = (
     "Comma-separated specs NAME:key=value:...@LABEL (options and label optional), e.g. \"linear:k=8,fixed:depth=8:branch=3,dynatree\". "
     "Names: autoregressive, linear, fixed, dynatree, dyspec, dyspec-threshold, hf-assisted; presets: seeds, "
-    "ablation. The same name may appear twice with different options. autoregressive is always run first."
+    "ablation. The same name may appear twice with different options. autoregressive is always run first. "
+    "engine=hf|static and compile=true|false override --engine/--compile for one spec, e.g. "
+    "\"autoregressive,autoregressive:engine=static:compile=true@ar-compiled,dynatree,dynatree:engine=static:compile=true@dt-compiled\" "
+    "(the first autoregressive is the reference; every row also gets a speedup over the others)."
 )
 
 # Options shared by bench and sweep (typer needs them spelled out per command).
@@ -49,6 +52,7 @@ Engine = Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allo
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")]
 KvWindow = Annotated[int | None, typer.Option(help="StreamingLLM-style eviction for every strategy: keep the sinks + this many recent tokens (runs may exceed the models' context).")]
 KvSinks = Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")]
+CpuLinear = Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help="Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU; see dynatree.kernels.cpu_linear).")]
 Buckets = Annotated[str | None, typer.Option(help="Static engine query buckets, e.g. 1,8,128 (fewer = fewer compiled graphs; default 1,2,4,...,256).")]
 
 
@@ -92,7 +96,8 @@ def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) 
 
 def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens: int, max_prompt_tokens: int,
               dtype: str, device: str, seed: int, engine: str, compile: bool, temperature: float = 0.0,
-              kv_window: int | None = None, kv_sinks: int = 4, buckets: str | None = None) -> BenchSettings:
+              kv_window: int | None = None, kv_sinks: int = 4, buckets: str | None = None,
+              cpu_linear: bool | None = None) -> BenchSettings:
     import torch
 
     from .runner import BenchSettings
@@ -101,7 +106,7 @@ def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens:
                          max_prompt_tokens=max_prompt_tokens, dtype=dtype, device=device,
                          threads=torch.get_num_threads(), engine=engine, compile=compile,
                          temperature=temperature, kv_window=kv_window, kv_sinks=kv_sinks,
-                         buckets=_parse_buckets(buckets),
+                         buckets=_parse_buckets(buckets), cpu_linear=cpu_linear,
                          extra={"prompt_seed": seed})
 
 
@@ -120,7 +125,10 @@ def print_summary(summaries: list[Summary], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, title_style="bold")
-    for col in ("strategy", "prompts", "tok/s", "speedup", "L̄", "accept.", "TTFT ms", "TPOT ms", "greedy ≠ AR"):
+    extra = list(dict.fromkeys(b for s in summaries for b in s.speedups))[1:]  # further AR baselines
+    cols = ("strategy", "prompts", "tok/s", "speedup", *(f"× {b}" for b in extra), "L̄", "accept.", "TTFT ms",
+            "TPOT ms", "greedy ≠ AR")
+    for col in cols:
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for s in summaries:
         tps, acc, L = s.get("throughput"), s.get("acceptance"), s.get("L")
@@ -128,9 +136,10 @@ def print_summary(summaries: list[Summary], title: str) -> None:
         table.add_row(
             s.label, str(s.prompts), tps.fmt(1) if tps else "—",
             f"{s.speedup:.2f}×" if s.speedup is not None else "—",
+            *(f"{s.speedups[b]:.2f}×" if s.speedups.get(b) is not None else "—" for b in extra),
             f"{L.mean:.2f}" if L else "—", f"{acc.mean:.1%}" if acc else "—",
             f"{ttft.mean * 1e3:.1f}" if ttft else "—", f"{tpot.mean * 1e3:.2f}" if tpot else "—",
-            "—" if s.strategy == "autoregressive" else (f"[red]{s.mismatches}[/red]" if s.mismatches else "0"),
+            "—" if s.reference else (f"[red]{s.mismatches}[/red]" if s.mismatches else "0"),
         )
     console = Console(stderr=True)
     if not console.is_terminal:  # piped/logged output: do not squeeze the table into 80 columns
@@ -192,6 +201,7 @@ def bench(
     kv_window: KvWindow = None,
     kv_sinks: KvSinks = 4,
     buckets: Buckets = None,
+    cpu_linear: CpuLinear = None,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from .runner import run_bench
@@ -200,6 +210,9 @@ def bench(
 
     set_threads(threads)
     specs = parse_strategies(strategies)  # validate before loading anything
+    for s in specs:
+        if s.name != "hf-assisted":
+            s.engine_for(engine, compile)
     tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, any(s.uses_draft for s in specs))
     specs = _drop_unsupported_hf(specs, dmodel, explicit=strategies != DEFAULT_STRATEGIES)
     prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
@@ -208,7 +221,7 @@ def bench(
     if temperature > 0 or kv_window is not None:
         specs = [s for s in specs if s.name != "hf-assisted"]
     settings = _settings(target, draft_name, dataset, max_new_tokens, max_prompt_tokens, dtype, device, seed,
-                         engine, compile, temperature, kv_window, kv_sinks, buckets)
+                         engine, compile, temperature, kv_window, kv_sinks, buckets, cpu_linear)
     with ResultsWriter(output, overwrite=overwrite) as writer:
         outcome = _run_saving(writer, lambda: run_bench(
             tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=warmup,
@@ -243,6 +256,7 @@ def sweep(
     kv_window: KvWindow = None,
     kv_sinks: KvSinks = 4,
     buckets: Buckets = None,
+    cpu_linear: CpuLinear = None,
 ) -> None:
     """Sweep a grid of strategy options (resumable: rerun the same command to continue)."""
     from .specs import parse_spec, parse_strategies
@@ -261,7 +275,8 @@ def sweep(
     base_specs = _drop_unsupported_hf(base_specs, dmodel, explicit=True)
     prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
     settings = _settings(target, draft_name, dataset, T[0], max_prompt_tokens, dtype, device, seed,
-                         engine, compile, kv_window=kv_window, kv_sinks=kv_sinks, buckets=buckets)
+                         engine, compile, kv_window=kv_window, kv_sinks=kv_sinks, buckets=buckets,
+                         cpu_linear=cpu_linear)
     typer.secho(f"sweep: {sweep_grid.size} configurations × {len(T)} length(s) × {len(prompts)} prompts",
                 err=True)
     with ResultsWriter(output, overwrite=overwrite) as writer:

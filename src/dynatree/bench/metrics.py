@@ -5,7 +5,9 @@ Definitions (DESIGN.md "Metrics", ANALYSIS.md §2.L and §4 items 14, 15, 21):
 * throughput = generated tokens / wall time of the whole generate call (prefill included, warm-up
   runs excluded); aggregated as mean ± sample std (ddof = 1) over prompts;
 * speedup = mean throughput / mean autoregressive throughput *of the same run group* (the seeds'
-  TPS / TPS_AR); the per-prompt ratio is reported too (``speedup_per_prompt``);
+  TPS / TPS_AR); the per-prompt ratio is reported too (``speedup_per_prompt``). A group with
+  several autoregressive baselines (say HF eager and compiled static) takes the first as *the*
+  reference and also gives the ratio over each of them (``speedups``, keyed by baseline label);
 * L = committed tokens per round (accepted drafted tokens + bonus, after EOS / length truncation);
   ℓ = accepted drafted tokens per round; acceptance = accepted / drafted nodes (≤ 1);
 * ``seed_acceptance``: the seeds' "acceptance" that can exceed 100 % -- back-calculated in
@@ -121,6 +123,8 @@ class Summary:
     sessions: int  # processes the group's rows came from (1 = one run, fully comparable)
     memory_kind: str | None = None
     time_split: dict[str, float] = field(default_factory=dict)  # share of total time per part
+    speedups: dict[str, float | None] = field(default_factory=dict)  # over every AR baseline, by its label
+    reference: bool = False  # this is the group's reference autoregressive run
 
     def get(self, name: str) -> Agg | None:
         return self.metrics.get(name)
@@ -138,7 +142,10 @@ def summarize(rows: Iterable[Row]) -> list[Summary]:
     """Aggregate rows per (run group, label); speedups against that group's autoregressive rows."""
     out: list[Summary] = []
     for group, by_label in group_rows(rows).items():
-        ar_rows = next((rs for rs in by_label.values() if rs[0]["strategy"] == AR), [])
+        baselines = {lab: mean_std(row_metrics(r)["throughput"] for r in rs)
+                     for lab, rs in by_label.items() if rs[0]["strategy"] == AR}
+        ref_label = next(iter(baselines), None)
+        ar_rows = by_label[ref_label] if ref_label is not None else []
         ar_tps = {r["prompt_id"]: row_metrics(r)["throughput"] for r in ar_rows}
         ar_mean = mean_std(ar_tps.values())
         ar_mem = mean_std(r.get("peak_memory_mb") for r in ar_rows)
@@ -170,6 +177,9 @@ def summarize(rows: Iterable[Row]) -> list[Summary]:
                     memory_change=(mem.mean / ar_mem.mean - 1) if (mem and ar_mem and ar_mem.mean > 0) else None,
                     mismatches=sum(1 for r in rs if r.get("greedy_match") is False),
                     sessions=sessions, memory_kind=rs[0].get("memory_kind"), time_split=split,
+                    speedups={b: (tps.mean / agg.mean if (tps and agg and agg.mean > 0) else None)
+                              for b, agg in baselines.items()},
+                    reference=label == ref_label,
                 )
             )
     return out

@@ -132,7 +132,7 @@ def _greedy_check(rows: Sequence[Row]) -> str:
     bad: dict[str, list[str]] = defaultdict(list)
     checked: dict[str, int] = defaultdict(int)
     for r in rows:
-        if r["strategy"] == AR:
+        if r.get("reference", r["strategy"] == AR):  # rows from before several baselines lack the flag
             continue
         checked[r["label"]] += 1
         if r.get("greedy_match") is False:
@@ -177,6 +177,15 @@ MAIN_COLUMNS: list[tuple[str, Callable[[Summary], str]]] = [
     ("t/s", lambda s: _f(s.get("throughput"))),
     ("Speedup", lambda s: _x(s.speedup)),
 ]
+def _main_columns(ss: Sequence[Summary]) -> list[tuple[str, Callable[[Summary], str]]]:
+    """t/s and speedup, plus one speedup column per extra autoregressive baseline (e.g. compiled)."""
+    baselines = list(dict.fromkeys(b for s in ss for b in s.speedups))
+    if len(baselines) < 2:
+        return MAIN_COLUMNS
+    return [MAIN_COLUMNS[0], (f"Speedup vs {baselines[0]}", MAIN_COLUMNS[1][1])] + [
+        (f"Speedup vs {b}", lambda s, b=b: _x(s.speedups.get(b))) for b in baselines[1:]]
+
+
 LATENCY_COLUMNS: list[tuple[str, Callable[[Summary], str]]] = [
     ("TTFT (ms)", lambda s: _f(s.get("ttft"), 1, 1e3)),
     ("TPOT (ms)", lambda s: _f(s.get("tpot"), 2, 1e3)),
@@ -201,7 +210,7 @@ def _resources(summaries: Sequence[Summary]) -> str:
             s.label, str(s.prompts), _m(s.get("peak_memory_mb"), 1), _delta(s.memory_change),
             split, _m(s.get("drafted"), 1), _m(s.get("depth"), 1), _m(s.get("draft_calls"), 0),
             _x(s.speedup_per_prompt.mean) + f" ± {s.speedup_per_prompt.std:.2f}" if s.speedup_per_prompt else DASH,
-            f"{s.mismatches}/{s.prompts}" if s.strategy != AR else DASH,
+            f"{s.mismatches}/{s.prompts}" if not s.reference else DASH,
         ])
     return _table(
         ["Method", "Prompts", mem_title, "Δ mem vs AR", "Time % prefill / draft / verify / commit / other",
@@ -315,7 +324,7 @@ def _main_sections(rows: Sequence[Row], summaries: Sequence[Summary],
         colors = palette(labels)
         title = _setup_title(ss[0].settings)
         md += [f"## Setup {n}: {title}", "",
-               "### Main results (shape of S0 Table 1)", "", _dataset_table(by_ds, labels, MAIN_COLUMNS), "",
+               "### Main results (shape of S0 Table 1)", "", _dataset_table(by_ds, labels, _main_columns(ss)), "",
                "### Latency (shape of S0 Table 2)", "", _dataset_table(by_ds, labels, LATENCY_COLUMNS), "",
                "### Verification efficiency (shape of S0 Table 3)", "", _dataset_table(by_ds, labels, EFFICIENCY_COLUMNS), ""]
         for ds, dss in by_ds.items():
@@ -394,9 +403,9 @@ def _sensitivity_sections(summaries: Sequence[Summary], origins: Mapping[tuple[s
     by_key: dict[tuple[str, str], list[Summary]] = defaultdict(list)
     ar: dict[str, Summary] = {}
     for s in summaries:
-        if s.strategy == AR:
+        if s.reference:
             ar[s.group] = s
-        elif "sweep" in origins[(s.group, s.label)]:
+        elif s.strategy != AR and "sweep" in origins[(s.group, s.label)]:
             by_key[(s.group, s.strategy)].append(s)
     md: list[str] = []
     for n, ((group, strategy), ss) in enumerate(by_key.items(), 1):

@@ -5,6 +5,11 @@ Protocol (seeds S0/S1 §4, decisions in DESIGN.md):
 * the autoregressive baseline runs first on every prompt; prompts are the outer loop and the
   strategies the inner one, so slow drifts of a noisy machine (CPU frequency, other processes)
   hit every strategy alike instead of whichever happened to run last;
+* further autoregressive specs (e.g. ``autoregressive:engine=static:compile=true``) are extra
+  baselines: their output is checked against the first like any strategy's, and the report gives
+  every strategy's speedup over each of them;
+* a spec's ``engine=``/``compile=`` options override the bench-wide engine for that spec; every
+  compiled static graph is built before the warm-up (:func:`dynatree.precompile`);
 * ``warmup`` extra passes (every strategy on the first prompts) run before measuring and are not
   recorded -- the seeds discard their first W runs;
 * each strategy's greedy output is compared token by token with the autoregressive output of the
@@ -85,6 +90,7 @@ class BenchSettings:
     kv_window: int | None = None  # StreamingLLM-style eviction (sinks + window) for every strategy, AR included
     kv_sinks: int = 4
     buckets: tuple[int, ...] | None = None  # static engine query buckets (None: 1, 2, 4, ..., 256)
+    cpu_linear: bool | None = None  # kernels/cpu_linear.py layout; None = the engine's default (on for CPU)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -111,6 +117,8 @@ class BenchSettings:
             del d["kv_window"], d["kv_sinks"]
         if d["buckets"] is None:
             del d["buckets"]
+        if d["cpu_linear"] is None:
+            del d["cpu_linear"]
         else:
             d["buckets"] = list(d["buckets"])
         if isinstance(d["eos_token_id"], tuple):
@@ -140,6 +148,7 @@ def run_engine(
     target: torch.nn.Module, draft: torch.nn.Module | None, prompt: Prompt, spec: StrategySpec,
     settings: BenchSettings, max_new_tokens: int,
 ) -> Measurement:
+    engine, compile = spec.engine_for(settings.engine, settings.compile)
     result = generate(
         target,
         draft if spec.uses_draft else None,
@@ -148,13 +157,14 @@ def run_engine(
         max_new_tokens=max_new_tokens,
         eos_token_id=_eos(settings),
         seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees
-        engine=settings.engine,
-        compile=settings.compile,
+        engine=engine,
+        compile=compile,
         temperature=settings.temperature,
         buckets=settings.buckets,
         kv_window=settings.kv_window,
         kv_sinks=settings.kv_sinks,
-        **spec.options,
+        cpu_linear=spec.run.get("cpu_linear", settings.cpu_linear),
+        **spec.policy_options,
     )
     d = result.stats.to_dict()
     per_round = d.pop("per_round")
@@ -228,6 +238,15 @@ def run_hf_assisted(
     return Measurement(output_ids=new, stats=stats, per_round=[{"committed": c} for c in rounds])
 
 
+def _engine_record(spec: StrategySpec, settings: BenchSettings, target: torch.nn.Module) -> dict[str, Any]:
+    """How a row was run: engine, compile and the linear layout actually used."""
+    engine, compile = spec.engine_for(settings.engine, settings.compile)
+    cpu_linear = spec.run.get("cpu_linear", settings.cpu_linear)
+    if cpu_linear is None:
+        cpu_linear = next(target.parameters()).device.type == "cpu"
+    return {"engine": engine, "compile": compile, "cpu_linear": bool(cpu_linear)}
+
+
 def _eos(settings: BenchSettings) -> int | tuple[int, ...] | None:
     return settings.eos_token_id
 
@@ -298,6 +317,8 @@ def run_bench(
         raise DynaTreeError("hf-assisted cannot evict KV rows (--kv-window); drop it from the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
+    engines = {s.label: s.engine_for(settings.engine, settings.compile) for s in specs if s.name != HF_ASSISTED}
+    compiled = [s for s in specs if engines.get(s.label) == ("static", True)]
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise DynaTreeError("prompt ids must be unique")
@@ -312,15 +333,19 @@ def run_bench(
     plan = [(p, s, row_key(s.name, s.config, f"{p.id}#{p.sha}", identity)) for p in prompts for s in specs]
     todo = [item for item in plan if item[2] not in done]
 
+    reference_spec = specs[0]  # the first autoregressive spec; further ones are extra baselines
     rows: list[dict[str, Any]] = []
     mismatches: list[dict[str, Any]] = []
     reference: dict[str, list[int]] = {}
     bar = _progress(progress, warmup * len(specs) if todo else 0, len(todo))
     with bar:
-        if todo and settings.engine == "static" and settings.compile:
+        if todo and compiled:
             bar.describe("compiling every static bucket")
-            precompile(target, draft if any(s.uses_draft for s in specs) else None,
-                       max(len(p.ids) for p in prompts) + settings.max_new_tokens, buckets=settings.buckets)
+            for layout in dict.fromkeys(_engine_record(s, settings, target)["cpu_linear"] for s in compiled):
+                users = [s for s in compiled if _engine_record(s, settings, target)["cpu_linear"] == layout]
+                precompile(target, draft if any(s.uses_draft for s in users) else None,
+                           max(len(p.ids) for p in prompts) + settings.max_new_tokens, buckets=settings.buckets,
+                           cpu_linear=layout)
         if todo:
             wt = min(warmup_tokens or settings.max_new_tokens, settings.max_new_tokens)
             for w in range(warmup):
@@ -340,12 +365,14 @@ def run_bench(
                     "schema": SCHEMA_VERSION, "key": key, "group": group, "session": session, "origin": origin,
                     "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "label": spec.label, "strategy": spec.name, "options": spec.options, "config": spec.config,
+                    "engine": _engine_record(spec, settings, target) if spec.name != HF_ASSISTED else None,
+                    "reference": spec is reference_spec,
                     "prompt_id": prompt.id, "prompt_sha": prompt.sha, "prompt_tokens": len(prompt.ids),
                     "settings": identity, "warmup": warmup, "machine": machine, "versions": versions,
                     "stats": m.stats, "per_round": m.per_round, "output_ids": m.output_ids,
                     "peak_memory_mb": mem, "memory_kind": mem_kind,
                 }
-                ref = reference.get(prompt.id) if spec.name != AUTOREGRESSIVE else m.output_ids
+                ref = reference.get(prompt.id) if spec is not reference_spec else m.output_ids
                 if ref is None:  # should not happen: AR runs first for every prompt
                     raise DynaTreeError(f"no autoregressive reference for prompt {prompt.id}")
                 if settings.temperature == 0:
@@ -358,7 +385,7 @@ def run_bench(
                 bar.advance()
                 if on_row is not None:
                     on_row(row)
-            if spec.name == AUTOREGRESSIVE:
+            if spec is reference_spec:
                 reference[prompt.id] = list(row["output_ids"])
             if row.get("greedy_match") is False:
                 mismatches.append(row)

@@ -7,13 +7,19 @@ Syntax (one string, as given to ``--strategies``)::
 * ``NAME`` is an engine strategy (``autoregressive``, ``linear``, ``fixed``, ``dynatree``, ...) or
   ``hf-assisted`` (HuggingFace ``generate(assistant_model=draft)``, greedy);
 * options are the strategy's config fields, values parsed like ``generate -o`` (ints, floats,
-  ``true``/``false``, strings);
+  ``true``/``false``, strings), plus *run* options that override the bench's engine settings for
+  this spec only: ``engine=hf|static``, ``compile=true|false`` and ``cpu_linear=true|false``. They
+  let one run measure a strategy on both engines side by side, e.g.
+  ``dynatree:engine=static:compile=true@dynatree-compiled``;
 * ``@LABEL`` names the row in tables; without it the label is the spec text itself, so
   ``linear:k=5,linear:k=8`` gives two distinct rows. Two specs with the same label are refused.
 * presets expand in place: ``seeds`` (the S0 Table 1 line-up) and ``ablation`` (S0 Table 4).
 
 The autoregressive baseline is always run (first): every speedup and every greedy-output check is
-against it. Options are validated here, before any model is loaded, so a typo fails in a second.
+against it. Several autoregressive specs may be given when their run options differ (say HF-eager
+and compiled static); the first is the reference of the greedy check and of ``speedup``, and every
+row also gets a speedup over each of them. Options are validated here, before any model is loaded,
+so a typo fails in a second.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ HF_ASSISTED = "hf-assisted"
 AUTOREGRESSIVE = "autoregressive"
 # Generation-config fields HF reads for assisted decoding; anything else would be silently ignored.
 HF_ASSISTED_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+# Options that choose how a strategy runs (engine.generate arguments), not what it drafts.
+RUN_OPTIONS = ("engine", "compile", "cpu_linear")
+ENGINES = ("hf", "static")
 
 PRESETS: dict[str, str] = {
     # S0 Table 1 line-up (WikiText-2 settings): AR, Linear K=8, Fixed (D=8, B=3, tau=0.1), DynaTree.
@@ -46,7 +55,8 @@ PRESETS: dict[str, str] = {
 @dataclass(frozen=True)
 class StrategySpec:
     """One strategy to benchmark. ``options`` are only the user-given ones; ``config`` is the full
-    resolved config (defaults included) that goes into every result row."""
+    resolved config (defaults included) that goes into every result row, plus the run options
+    (``engine``/``compile``) when given, so the same strategy on two engines has two row keys."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -56,6 +66,17 @@ class StrategySpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise DynaTreeError("empty strategy name in --strategies")
+        run = self.run
+        if run:
+            where = format_spec(self.name, self.options)
+            if self.name == HF_ASSISTED:
+                raise DynaTreeError(f"'{where}': hf-assisted runs HuggingFace generate; it takes no "
+                                    f"{'/'.join(RUN_OPTIONS)} option")
+            if "engine" in run and run["engine"] not in ENGINES:
+                raise DynaTreeError(f"'{where}': engine must be one of {', '.join(ENGINES)}, got {run['engine']!r}")
+            for flag in ("compile", "cpu_linear"):
+                if flag in run and not isinstance(run[flag], bool):
+                    raise DynaTreeError(f"'{where}': {flag} must be true or false, got {run[flag]!r}")
         if self.name == HF_ASSISTED:
             unknown = sorted(set(self.options) - set(HF_ASSISTED_OPTIONS))
             if unknown:
@@ -65,8 +86,8 @@ class StrategySpec:
                 )
             config = dict(self.options)
         else:
-            policy = make_policy(self.name, **self.options)  # validates names and ranges
-            config = dataclasses.asdict(policy.config)
+            policy = make_policy(self.name, **self.policy_options)  # validates names and ranges
+            config = {**dataclasses.asdict(policy.config), **run}
         object.__setattr__(self, "config", config)
         if not self.label:
             object.__setattr__(self, "label", format_spec(self.name, self.options))
@@ -74,6 +95,27 @@ class StrategySpec:
     @property
     def uses_draft(self) -> bool:
         return self.name != AUTOREGRESSIVE
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """The user-given run options (engine/compile/cpu_linear overrides)."""
+        return {k: v for k, v in self.options.items() if k in RUN_OPTIONS}
+
+    @property
+    def policy_options(self) -> dict[str, Any]:
+        """The options that go to the strategy's config."""
+        return {k: v for k, v in self.options.items() if k not in RUN_OPTIONS}
+
+    def engine_for(self, engine: str, compile: bool) -> tuple[str, bool]:
+        """This spec's (engine, compile), given the bench-wide defaults; refuses compile on 'hf'.
+
+        A spec that picks ``engine=hf`` drops a bench-wide ``--compile`` (it only asked for eager)."""
+        picked_hf = self.run.get("engine") == "hf"
+        engine = self.run.get("engine", engine)
+        compile = self.run.get("compile", False if picked_hf else compile)
+        if compile and engine != "static":
+            raise DynaTreeError(f"'{self.label}': compile=true needs engine=static (compiled steps need fixed shapes)")
+        return engine, compile
 
 
 def format_spec(name: str, options: dict[str, Any]) -> str:
@@ -126,7 +168,8 @@ def dedupe_labels(specs: list[StrategySpec]) -> list[StrategySpec]:
                 f"strategy label '{spec.label}' appears twice; give one of them a label with @NAME"
             )
         seen[spec.label] = spec
-    ars = [s for s in specs if s.name == AUTOREGRESSIVE]
-    if len(ars) > 1:
-        raise DynaTreeError("autoregressive is the reference run and may appear only once")
+    runs = [tuple(sorted(s.run.items())) for s in specs if s.name == AUTOREGRESSIVE]
+    if len(set(runs)) < len(runs):
+        raise DynaTreeError("autoregressive is given twice with the same engine options; "
+                            "several autoregressive baselines must differ in engine= or compile=")
     return specs

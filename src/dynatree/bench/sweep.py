@@ -73,9 +73,10 @@ class SweepGrid:
 
 
 def sweep_specs(grid: SweepGrid, baselines: Sequence[StrategySpec]) -> list[StrategySpec]:
-    """AR first, then the baselines, then the grid points."""
+    """AR first (the given autoregressive baselines, or a plain one), then the baselines, then the grid."""
+    ars = [s for s in baselines if s.name == AUTOREGRESSIVE] or [StrategySpec(AUTOREGRESSIVE)]
     specs = [s for s in baselines if s.name != AUTOREGRESSIVE]
-    return dedupe_labels([StrategySpec(AUTOREGRESSIVE), *specs, *grid.specs()])
+    return dedupe_labels([*ars, *specs, *grid.specs()])
 
 
 def run_sweep(
