@@ -9,6 +9,7 @@ decoding, so they are the rows sequential decoding would have produced.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -16,6 +17,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .errors import DynaTreeError
+from .kernels.cpu_linear import SmallBatchLinear
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
@@ -66,13 +68,23 @@ class CachedModel:
 
     engine = "hf"
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: int, cpu_linear: bool = False) -> None:
         param = next(model.parameters())
         self.model = model
         self.vocab_size = vocab_size
         self.device, self.dtype = param.device, param.dtype
         self.cache = new_cache(model)
         self.calls = 0
+        # kernels/cpu_linear.py: few-row linear layers as (W @ x.T).T on CPU
+        self.cpu_linear = cpu_linear and self.device.type == "cpu"
+
+    def _layout(self) -> contextlib.AbstractContextManager:
+        return SmallBatchLinear() if self.cpu_linear else contextlib.nullcontext()
+
+    def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states (what :class:`~dynatree.verify.LazyLogits` calls)."""
+        with self._layout():
+            return self.head(hidden)
 
     @property
     def length(self) -> int:
@@ -97,14 +109,15 @@ class CachedModel:
         from .tree import attention_mask
 
         self.calls += 1
-        out = self.model(
-            input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
-            attention_mask=attention_mask(visible, since, self.dtype, self.device),
-            position_ids=positions.view(1, -1).to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-        )
+        with self._layout():
+            out = self.model(
+                input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
+                attention_mask=attention_mask(visible, since, self.dtype, self.device),
+                position_ids=positions.view(1, -1).to(self.device),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+            )
         return out.logits[0, :, : self.vocab_size].float()
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
@@ -131,13 +144,14 @@ class CachedModel:
         from .tree import attention_mask
 
         self.calls += 1
-        out = self.model.base_model(
-            input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
-            attention_mask=attention_mask(visible, since, self.dtype, self.device),
-            position_ids=positions.view(1, -1).to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
+        with self._layout():
+            out = self.model.base_model(
+                input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
+                attention_mask=attention_mask(visible, since, self.dtype, self.device),
+                position_ids=positions.view(1, -1).to(self.device),
+                past_key_values=self.cache,
+                use_cache=True,
+            )
         return out.last_hidden_state[0]
 
 
@@ -162,10 +176,11 @@ class StaticCachedModel(CachedModel):
         compile: bool = False,
         compile_mode: str | None = None,
         buckets: Sequence[int] | None = None,
+        cpu_linear: bool = False,
     ) -> None:
         from transformers import StaticCache
 
-        super().__init__(model, vocab_size)
+        super().__init__(model, vocab_size, cpu_linear)
         self.buckets = tuple(sorted(buckets)) if buckets else self.BUCKETS
         self.capacity = capacity + self.buckets[-1]  # room for the padding of the last call
         self.cache = StaticCache(config=model.config, max_cache_len=self.capacity)
@@ -195,9 +210,14 @@ class StaticCachedModel(CachedModel):
     def length(self) -> int:
         return self._length
 
+    PREFILL_CHUNK = 256
+
     def prefill(self, tokens: Sequence[int]) -> None:
-        """Causal prefill in chunks of the largest bucket (a long prompt is several calls)."""
-        step = self.buckets[-1]
+        """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens. Chunks larger than the
+        largest bucket run the *uncompiled* step unpadded (one trace per prompt length would be
+        worse): with small buckets (e.g. 1, 2, 4 on a CPU) a prompt would otherwise take dozens of
+        calls."""
+        step = max(self.buckets[-1], self.PREFILL_CHUNK)
         for i in range(0, len(tokens), step):
             super().prefill(list(tokens[i : i + step]))
 
@@ -214,11 +234,12 @@ class StaticCachedModel(CachedModel):
         self.calls = 0
 
     def _raw_step(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        if self._hidden:
-            return self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                         past_key_values=self.cache, use_cache=True).last_hidden_state
-        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
-                          use_cache=True).logits
+        with self._layout():
+            if self._hidden:
+                return self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                             past_key_values=self.cache, use_cache=True).last_hidden_state
+            return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                              use_cache=True).logits
 
     def _set_length(self, length: int) -> None:
         self._length = length
@@ -236,7 +257,7 @@ class StaticCachedModel(CachedModel):
     ) -> torch.Tensor:
         rows = self._run(tokens, positions, visible, since, last_only)
         if self._hidden:
-            rows = self.head(rows)
+            rows = self.apply_head(rows)
         return rows[:, : self.vocab_size].float()
 
     def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
@@ -250,9 +271,12 @@ class StaticCachedModel(CachedModel):
         """One padded, possibly compiled step; the real rows of its output (hidden states or logits)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         q, length = tokens.numel(), self._length
-        if length + q > self.capacity - self.buckets[-1]:
+        if length + q > self.capacity - self.buckets[-1]:  # (an unpadded prefill chunk needs no more)
             raise DynaTreeError(f"static cache capacity {self.capacity - self.buckets[-1]} exceeded ({length + q} rows)")
         bucket = next((b for b in self.buckets if b >= q), None)
+        step = self._step
+        if bucket is None and last_only and q <= self.PREFILL_CHUNK:  # a prefill chunk: eager, unpadded
+            bucket, step = q, self._raw_step
         if bucket is None:
             raise DynaTreeError(f"a call of {q} tokens exceeds the largest static bucket ({self.buckets[-1]}); use engine='hf'")
         self.calls += 1
@@ -266,7 +290,7 @@ class StaticCachedModel(CachedModel):
         pad = torch.arange(q, bucket)
         allowed[pad, length + pad] = True  # padding rows see only themselves (no NaN rows)
         mask = torch.zeros(bucket, self.capacity, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        out = self._step(ids.to(self.device), mask.view(1, 1, bucket, -1).to(self.device), pos.to(self.device))
+        out = step(ids.to(self.device), mask.view(1, 1, bucket, -1).to(self.device), pos.to(self.device))
         self._set_length(length + q)
         rows = out[0, q - 1 : q] if last_only else out[0, :q]
         # clone: a CUDA-graph replay reuses its output buffer on the next call

@@ -100,6 +100,7 @@ def generate(
     compile: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")] = False,
     kv_window: Annotated[int | None, typer.Option(help="StreamingLLM-style KV eviction: keep the sinks + this many recent tokens (may run past the model's context).")] = None,
     kv_sinks: Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")] = 4,
+    cpu_linear: Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help="Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU).")] = None,
 ) -> None:
     """Generate text with speculative decoding and print a one-line summary."""
     import torch
@@ -129,7 +130,7 @@ def generate(
                  truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch,
                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                  draft_temperature=draft_temperature, engine=engine, compile=compile,
-                 kv_window=kv_window, kv_sinks=kv_sinks)
+                 kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
     new = result.sequences[0, result.stats.prompt_tokens:]
     typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
     s = result.stats

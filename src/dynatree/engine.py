@@ -55,6 +55,7 @@ def generate(
     lazy_head: bool | None = None,
     kv_window: int | None = None,
     kv_sinks: int = 4,
+    cpu_linear: bool | None = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -99,6 +100,10 @@ def generate(
             past the models' maximum positions. Greedy output equals greedy autoregressive
             output *under the same eviction*, not the full-context output. RoPE models, hf engine.
         kv_sinks: attention-sink tokens kept with ``kv_window`` (StreamingLLM uses 4).
+        cpu_linear: compute the linear layers of calls of up to 64 rows as ``(W @ x.T).T``
+            (:mod:`dynatree.kernels.cpu_linear`): on the CPU it was measured on, a tree of a few
+            nodes then costs less than one ``F.linear`` step. None: on for CPU models. Applies to
+            the autoregressive baseline too, so speedups compare equal machinery.
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     policy = make_policy(strategy, **strategy_options)
@@ -140,7 +145,7 @@ def generate(
         raise DynaTreeError(f"unknown tree_order '{tree_order}': must be 'bfs' or 'dfs'")
     if buckets is not None and (not buckets or any(not isinstance(b, int) or b < 1 for b in buckets)):
         raise DynaTreeError(f"buckets must be positive integers, got {buckets!r}")
-    static = _static_options(target, compile, buckets)
+    static = _static_options(target, compile, buckets, cpu_linear)
 
     with torch.inference_mode(), _eval_mode(models):
         target_kv, draft_kv = _cached_pair(target, draft if policy.uses_draft else None, vocab, engine,
@@ -160,11 +165,15 @@ def generate(
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def _static_options(target: torch.nn.Module, compile: bool | str, buckets: Sequence[int] | None) -> dict[str, Any]:
+def _static_options(target: torch.nn.Module, compile: bool | str, buckets: Sequence[int] | None,
+                    cpu_linear: bool | None = None) -> dict[str, Any]:
+    """Options of the model+cache objects; for the static engine also the key of its pool."""
+    device = next(target.parameters()).device.type
     mode = compile if isinstance(compile, str) else None
-    if compile is True and next(target.parameters()).device.type == "cuda":
+    if compile is True and device == "cuda":
         mode = "reduce-overhead"
-    return {"compile": bool(compile), "compile_mode": mode, "buckets": tuple(buckets) if buckets else None}
+    return {"compile": bool(compile), "compile_mode": mode, "buckets": tuple(buckets) if buckets else None,
+            "cpu_linear": device == "cpu" if cpu_linear is None else bool(cpu_linear)}
 
 
 def precompile(
@@ -174,6 +183,7 @@ def precompile(
     *,
     compile: bool | str = True,
     buckets: Sequence[int] | None = None,
+    cpu_linear: bool | None = None,
 ) -> None:
     """Build every bucket's graph of the pooled static engines now, for runs of up to ``max_rows``
     (prompt + new tokens), so that no compilation lands inside a timed generation.
@@ -182,7 +192,7 @@ def precompile(
     can leave a graph to be compiled in the middle of a measurement (vLLM likewise captures all
     its CUDA-graph batch sizes at start-up).
     """
-    static = _static_options(target, compile, buckets)
+    static = _static_options(target, compile, buckets, cpu_linear)
     vocab = _vocab_size(target)
     with torch.inference_mode(), _eval_mode([m for m in (target, draft) if m is not None]):
         for kv in _cached_pair(target, draft, vocab, "static", max_rows, static):
@@ -207,7 +217,7 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     calls (reset to length 0) is what makes the second call run without recompiling.
     """
     if engine == "hf":
-        return CachedModel(model, vocab)
+        return CachedModel(model, vocab, cpu_linear=static["cpu_linear"])
     # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
     capacity = max(256, 1 << (capacity - 1).bit_length())
     pool = _STATIC.setdefault(model, {})

@@ -27,6 +27,8 @@ tokens follow the target distribution for any tree, deterministic or sampled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .cache import CachedModel
@@ -44,7 +46,7 @@ class LazyLogits:
     the engine uses full logits there.
     """
 
-    def __init__(self, hidden: torch.Tensor, head: torch.nn.Module, vocab_size: int) -> None:
+    def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int) -> None:
         self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
         self._rows: dict[int, torch.Tensor] = {}
 
@@ -148,6 +150,6 @@ def tree_forward(
     args = (tree.tokens, positions, visible) if perm is None else (tree.tokens[perm], positions[perm], visible[perm][:, perm])
     if lazy_head:
         hidden = kv.forward_hidden(*args, prefix)
-        return LazyLogits(hidden[rank.to(hidden.device)], kv.head, kv.vocab_size), rank + prefix
+        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size), rank + prefix
     logits = kv.forward(*args, prefix)
     return logits[rank.to(logits.device)], rank + prefix

@@ -1,0 +1,76 @@
+"""A faster layout for the few-row linear layers of decoding on CPU.
+
+Why this exists: decoding multiplies every weight matrix by 1 row (autoregressive step) or a few
+(a tree of 2-64 nodes). On the project's CPU (2-core AMD EPYC, torch's MKL) ``F.linear(x, W)``
+(``x @ W.T``) costs about twice as much for 2-8 rows as for one, which made verifying a 5-node
+tree cost 1.7x an autoregressive step (benchmarks/cpu/README.md); and compiled one-row calls are
+slower still (inductor turns a one-row matmul into its own loop). The same product computed as
+``(W @ x.T).T`` -- the weight as the left operand, the rows as a transposed right operand -- is a
+different BLAS kernel that streams each weight once for all rows: for 2-8 rows it costs *less*
+than the one-row ``F.linear``. So one-row calls are padded to two (their answer is the first
+row), and every call of up to ``max_rows`` rows takes this layout. Measured side by side in
+``benchmarks/cpu/linear_layout.py``; results differ from ``F.linear`` only by float summation
+order (greedy exactness is unaffected and tested).
+
+It is applied through a :class:`~torch.overrides.TorchFunctionMode` around our own model calls,
+not by editing the user's model: every ``F.linear`` inside the ``with`` block (``nn.Linear`` uses
+it) is rerouted, nothing else changes, and ``torch.compile`` traces it like any other code. Calls
+of more rows (prefill chunks), non-CPU tensors and anything needing autograd keep ``F.linear``.
+Whether it pays off depends on the CPU's BLAS: the engine turns it on for CPU by default
+(``cpu_linear=None``) because that is where it was measured faster; ``cpu_linear=False`` is the
+plain path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+MAX_ROWS = 64  # 64 rows: still faster than F.linear here; prefill chunks of 128+ are not
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T``: same result up to rounding.
+
+    A single row is duplicated (two-row product, first row kept): cheaper than the one-row kernels.
+    """
+    rows = x.numel() // x.shape[-1]
+    flat = x.reshape(rows, x.shape[-1])
+    if rows == 1:  # a real copy: a stride-0 (expanded) operand would make torch.mm copy into the slow layout
+        flat = torch.cat((flat, flat))
+    out = torch.mm(weight, flat.t()).t()[:rows]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _applies(x: Any, weight: Any, max_rows: int) -> bool:
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return False
+    if x.device.type != "cpu" or weight.dim() != 2 or x.dim() < 1 or x.shape[-1] == 0:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    return 1 <= x.numel() // x.shape[-1] <= max_rows
+
+
+class SmallBatchLinear(TorchFunctionMode):
+    """Within ``with SmallBatchLinear():``, CPU ``F.linear`` calls of up to ``max_rows`` rows use
+    :func:`small_batch_linear`."""
+
+    def __init__(self, max_rows: int = MAX_ROWS) -> None:
+        super().__init__()
+        self.max_rows = max_rows
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x = args[0] if args else kwargs.get("input")
+            weight = args[1] if len(args) > 1 else kwargs.get("weight")
+            if _applies(x, weight, self.max_rows):
+                bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                return small_batch_linear(x, weight, bias)
+        return func(*args, **kwargs)

@@ -1,0 +1,85 @@
+"""kernels/cpu_linear.py: the (W @ x.T).T layout equals F.linear, is used where it should be, and
+the engine's output with it on (the CPU default) equals HF greedy decoding -- which a broken layout
+would not, since the HF reference never goes through it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dynatree
+from dynatree.kernels import cpu_linear
+from dynatree.kernels.cpu_linear import MAX_ROWS, SmallBatchLinear
+from tiny import hf_greedy, perturbed, tiny_model
+
+
+@settings(max_examples=60, deadline=None)
+@given(lead=st.lists(st.integers(1, 5), min_size=0, max_size=2), rows=st.integers(1, 70),
+       fan_in=st.integers(1, 48), fan_out=st.integers(1, 48), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_layout_equals_f_linear(lead: list[int], rows: int, fan_in: int, fan_out: int, bias: bool, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, rows, fan_in, generator=g)
+    w = torch.randn(fan_out, fan_in, generator=g)
+    b = torch.randn(fan_out, generator=g) if bias else None
+    want = F.linear(x, w, b)
+    with torch.inference_mode(), SmallBatchLinear():
+        got = F.linear(x, w, b)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mode_routes_only_few_row_cpu_inference_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = cpu_linear.small_batch_linear
+
+    def counting(x, w, b=None):
+        calls.append(x.numel() // x.shape[-1])
+        return real(x, w, b)
+
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", counting)
+    lin = torch.nn.Linear(8, 4)
+    with torch.inference_mode(), SmallBatchLinear():
+        lin(torch.randn(1, 8))
+        lin(torch.randn(2, 3, 8))
+        lin(torch.randn(MAX_ROWS + 1, 8))  # a prefill chunk: plain F.linear
+    with SmallBatchLinear():
+        lin(torch.randn(2, 8, requires_grad=True))  # autograd: plain F.linear
+    lin(torch.randn(2, 8))  # outside the mode
+    assert calls == [1, 6]
+
+
+def test_engine_uses_the_layout_on_cpu_by_default_and_not_when_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tiny_model("llama", 0)
+    draft = perturbed(target)
+    ids = torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(3))
+    calls: list[int] = []
+    real = cpu_linear.small_batch_linear
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", lambda x, w, b=None: calls.append(1) or real(x, w, b))
+    ref = hf_greedy(target, ids, 24, None)
+    for engine in ("hf", "static"):
+        calls.clear()
+        on = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, eos_token_id=[], engine=engine)
+        assert calls and torch.equal(on.sequences, ref)
+        calls.clear()
+        off = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, eos_token_id=[], engine=engine,
+                                cpu_linear=False)
+        assert not calls and torch.equal(off.sequences, ref)
+
+
+def test_a_broken_layout_is_caught_by_the_greedy_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: rows returned in the wrong order; the engine must then differ from HF greedy."""
+    target = tiny_model("llama", 0)
+    draft = perturbed(target)
+    ids = torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(3))
+    real = cpu_linear.small_batch_linear
+
+    def reversed_rows(x, w, b=None):  # rows come back in reverse order: wrong for every tree of 2+ nodes
+        out = real(x, w, b)
+        return out.flip(-2) if out.dim() >= 2 and out.shape[-2] > 1 else out
+
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", reversed_rows)
+    out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, eos_token_id=[], k=3)
+    assert not torch.equal(out.sequences, hf_greedy(target, ids, 24, None))
