@@ -51,7 +51,7 @@ class DynaTreeConfig:
     rho_stop: float = 0.05
     rho_deep: float = 0.5
     tau: float = 0.1
-    max_nodes: int | None = None  # None: 4 on CPU, 64 on GPU (see DEFAULT_MAX_NODES)
+    max_nodes: int | None = None  # None: 3 on CPU, 64 on GPU (see DEFAULT_MAX_NODES)
     history: bool = True
     window: int = 8
     target_accept: float = 0.25
@@ -80,11 +80,13 @@ class DynaTreeConfig:
         check(self.eta_h >= 0.0, "eta_h", ">= 0", self.eta_h)
 
 
-# Node budget when max_nodes is None. On a CPU a verify pass costs roughly in proportion to its
-# tokens, so the sweep on the offline pair (benchmarks/cpu) picked the smallest budget tried; on a
-# GPU a forward costs about the same for 1 to ~256 tokens, so wide trees are nearly free there
-# (64 is provisional: no GPU sweep has been run yet).
-DEFAULT_MAX_NODES = {"cpu": 4, "cuda": 64}
+# Node budget when max_nodes is None. On a CPU a verify of root + 3 nodes (4 rows) costs about one
+# autoregressive step with the few-row linear layout (kernels/cpu_linear.py) but 5+ rows cost
+# ~1.5x (BLAS switches kernels above 4 rows), so the CPU budget is 3: 1.04x over compiled AR vs
+# 0.85x with 4 nodes, same run (benchmarks/cpu/engines_s4.jsonl). On a GPU a forward costs about
+# the same for 1 to ~256 tokens, so wide trees are nearly free there (64 is provisional: no GPU
+# sweep has been run yet).
+DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}
 
 
 class DynaTree(DraftPolicy):
