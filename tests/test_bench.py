@@ -253,6 +253,8 @@ def test_runner_with_kv_eviction_runs_past_the_context_and_reports_it(prompts, t
     evicting = settings(max_new_tokens=40, kv_window=12, kv_sinks=2)
     assert settings().identity() == BenchSettings(**{**settings().identity(), "eos_token_id": ()}).identity()
     assert "kv_window" not in settings().identity()  # rows written before eviction existed keep their keys
+    assert settings(cpu_linear=False).identity()["cpu_linear"] is False  # set without --buckets: no crash
+    assert "cpu_linear" not in settings().identity() and settings(buckets=(4, 1)).identity()["buckets"] == [1, 4]
     assert evicting.identity()["kv_window"] == 12
     with pytest.raises(DynaTreeError, match="exceeds LlamaForCausalLM's maximum of 32"):
         run_bench(target, draft, prompts, parse_strategies("linear:k=3"), settings(max_new_tokens=40),

@@ -173,7 +173,12 @@ def _static_options(target: torch.nn.Module, compile: bool | str, buckets: Seque
     if compile is True and device == "cuda":
         mode = "reduce-overhead"
     return {"compile": bool(compile), "compile_mode": mode, "buckets": tuple(buckets) if buckets else None,
-            "cpu_linear": device == "cpu" if cpu_linear is None else bool(cpu_linear)}
+            "cpu_linear": resolve_cpu_linear(target, cpu_linear)}
+
+
+def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
+    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU."""
+    return next(model.parameters()).device.type == "cpu" if cpu_linear is None else bool(cpu_linear)
 
 
 def precompile(

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..engine import generate, precompile
+from ..engine import generate, precompile, resolve_cpu_linear
 from ..errors import DynaTreeError
 from .specs import AUTOREGRESSIVE, HF_ASSISTED, StrategySpec
 from .store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
@@ -117,10 +117,10 @@ class BenchSettings:
             del d["kv_window"], d["kv_sinks"]
         if d["buckets"] is None:
             del d["buckets"]
-        if d["cpu_linear"] is None:
-            del d["cpu_linear"]
         else:
             d["buckets"] = list(d["buckets"])
+        if d["cpu_linear"] is None:
+            del d["cpu_linear"]
         if isinstance(d["eos_token_id"], tuple):
             d["eos_token_id"] = list(d["eos_token_id"])
         return d
@@ -241,10 +241,8 @@ def run_hf_assisted(
 def _engine_record(spec: StrategySpec, settings: BenchSettings, target: torch.nn.Module) -> dict[str, Any]:
     """How a row was run: engine, compile and the linear layout actually used."""
     engine, compile = spec.engine_for(settings.engine, settings.compile)
-    cpu_linear = spec.run.get("cpu_linear", settings.cpu_linear)
-    if cpu_linear is None:
-        cpu_linear = next(target.parameters()).device.type == "cpu"
-    return {"engine": engine, "compile": compile, "cpu_linear": bool(cpu_linear)}
+    return {"engine": engine, "compile": compile,
+            "cpu_linear": resolve_cpu_linear(target, spec.run.get("cpu_linear", settings.cpu_linear))}
 
 
 def _eos(settings: BenchSettings) -> int | tuple[int, ...] | None:
@@ -317,8 +315,9 @@ def run_bench(
         raise DynaTreeError("hf-assisted cannot evict KV rows (--kv-window); drop it from the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
-    engines = {s.label: s.engine_for(settings.engine, settings.compile) for s in specs if s.name != HF_ASSISTED}
-    compiled = [s for s in specs if engines.get(s.label) == ("static", True)]
+    records = {s.label: _engine_record(s, settings, target) for s in specs if s.name != HF_ASSISTED}
+    compiled = [s for s in specs if s.label in records and records[s.label]["engine"] == "static"
+                and records[s.label]["compile"]]
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise DynaTreeError("prompt ids must be unique")
@@ -341,8 +340,8 @@ def run_bench(
     with bar:
         if todo and compiled:
             bar.describe("compiling every static bucket")
-            for layout in dict.fromkeys(_engine_record(s, settings, target)["cpu_linear"] for s in compiled):
-                users = [s for s in compiled if _engine_record(s, settings, target)["cpu_linear"] == layout]
+            for layout in dict.fromkeys(records[s.label]["cpu_linear"] for s in compiled):
+                users = [s for s in compiled if records[s.label]["cpu_linear"] == layout]
                 precompile(target, draft if any(s.uses_draft for s in users) else None,
                            max(len(p.ids) for p in prompts) + settings.max_new_tokens, buckets=settings.buckets,
                            cpu_linear=layout)
@@ -365,7 +364,7 @@ def run_bench(
                     "schema": SCHEMA_VERSION, "key": key, "group": group, "session": session, "origin": origin,
                     "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "label": spec.label, "strategy": spec.name, "options": spec.options, "config": spec.config,
-                    "engine": _engine_record(spec, settings, target) if spec.name != HF_ASSISTED else None,
+                    "engine": records.get(spec.label),
                     "reference": spec is reference_spec,
                     "prompt_id": prompt.id, "prompt_sha": prompt.sha, "prompt_tokens": len(prompt.ids),
                     "settings": identity, "warmup": warmup, "machine": machine, "versions": versions,
