@@ -38,7 +38,7 @@ def tiny_target(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).eval()
 
 
-DOCS = [D.Document(f"doc{i}", " ".join(f"w{n}" for n in random.Random(i).sample(range(10**6), 90)))
+DOCS = [D.Text(f"doc{i}", " ".join(f"w{n}" for n in random.Random(i).sample(range(10**6), 90)))
         for i in range(12)]
 SMALL = dict(layers=1, vocab_subset=48, batch=4, seq_len=20, prompt_tokens=16, new_tokens=8,
              train_sequences=16, eval_sequences=4, gen_batch=8, holdout_every=3, top_k=4,
@@ -222,3 +222,18 @@ def test_prose_cleaning_drops_code_and_grammar() -> None:
     assert D._prose_paragraphs(text) == [
         "This paragraph explains what the statement does and why it matters to the reader of "
         "the documentation."]
+
+
+def test_corpora_setting_selects_documents_and_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynatree import corpora
+
+    with pytest.raises(DynaTreeError, match="corpora must be"):
+        D.DistillConfig(corpora="pydoc,nope")
+    assert "corpora" in D.DistillConfig().data_key()  # other corpora -> other labelled data
+    pydoc = D.documents_for("pydoc")
+    assert pydoc and all(d.name.startswith("pydoc/") for d in pydoc)
+    wiki = [D.Text("wiki/A", "alpha"), D.Text("wiki/B", "beta")]
+    monkeypatch.setattr(corpora, "load", lambda name, root=None: wiki if name == "wiki" else [])
+    assert D.documents_for("wiki") == wiki
+    both = D.documents_for("pydoc,wiki")
+    assert both[-2:] == wiki and len(both) == len(pydoc) + 2

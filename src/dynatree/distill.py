@@ -26,7 +26,6 @@ The draft is called exactly like an HF causal LM (4D additive tree mask, explici
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import math
 import os
@@ -46,6 +45,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from . import corpora
+from .corpora import Text, is_held_out
 from .errors import DynaTreeError
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -205,17 +206,18 @@ class DistillConfig:
 
     layers: int = 2
     vocab_subset: int = 4096
-    steps: int = 600
+    steps: int = 800
     batch: int = 16
     seq_len: int = 160
     lr: float = 1e-3
     warmup: int = 50
     weight_decay: float = 0.01
     top_k: int = 8
+    corpora: str = "pydoc,licences,wiki,books"  # comma-separated; see documents_for()
     prompt_tokens: int = 96
     new_tokens: int = 64
-    train_sequences: int = 768
-    eval_sequences: int = 64
+    train_sequences: int = 2048
+    eval_sequences: int = 128
     chat_fraction: float = 0.5
     gen_batch: int = 32
     holdout_every: int = 8
@@ -238,11 +240,15 @@ class DistillConfig:
             raise DynaTreeError(f"seq_len ({self.seq_len}) cannot exceed prompt_tokens + new_tokens "
                                 f"({self.prompt_tokens + self.new_tokens}): every labelled "
                                 "sequence has exactly that length")
+        unknown = set(self.corpora.split(",")) - set(CORPUS_NAMES)
+        if unknown or not self.corpora:
+            raise DynaTreeError(f"corpora must be a comma-separated subset of {','.join(CORPUS_NAMES)}, "
+                                f"got {self.corpora!r}")
         if self.holdout_every < 2:
             raise DynaTreeError("holdout_every must be >= 2 (1 would hold out every document)")
 
     def data_key(self) -> dict[str, Any]:
-        keys = ("top_k", "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
+        keys = ("corpora", "top_k", "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
                 "chat_fraction", "holdout_every", "seed")
         return {k: getattr(self, k) for k in keys}
 
@@ -405,14 +411,6 @@ def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None 
 
 
 # ---------------------------------------------------------------------------------- the corpus
-@dataclass(frozen=True)
-class Document:
-    """One offline prose document; ``name`` decides its train/held-out split."""
-
-    name: str
-    text: str
-
-
 _GRAMMAR = re.compile(r"::=|^\s*[|]|>>>|^\s*\.\.\.")
 
 
@@ -435,7 +433,23 @@ def _prose_paragraphs(text: str) -> list[str]:
     return keep
 
 
-def offline_corpus(licence_dir: str = "/usr/share/common-licenses") -> list[Document]:
+CORPUS_NAMES = ("pydoc", "licences", "wiki", "books")
+_LOCAL_PREFIX = {"pydoc": "pydoc", "licences": "licence"}  # document-name prefix of offline_corpus()
+
+
+def documents_for(names: str) -> list[Text]:
+    """The documents of the comma-separated corpora ``names`` (pydoc, licences: always on the
+    machine; wiki, books: fetched once from the package registries, see :mod:`dynatree.corpora`)."""
+    wanted = names.split(",")
+    prefixes = tuple(f"{_LOCAL_PREFIX[n]}/" for n in wanted if n in _LOCAL_PREFIX)
+    docs = [d for d in offline_corpus() if d.name.startswith(prefixes)] if prefixes else []
+    for name in ("wiki", "books"):
+        if name in wanted:
+            docs += corpora.load(name)
+    return docs
+
+
+def offline_corpus(licence_dir: str = "/usr/share/common-licenses") -> list[Text]:
     """Prose available on any machine without a network: pydoc topics and Debian licences.
 
     ``pydoc_data.topics`` is cleaned to prose paragraphs (raw, the target loops on grammar
@@ -448,7 +462,7 @@ def offline_corpus(licence_dir: str = "/usr/share/common-licenses") -> list[Docu
     for name in sorted(topics.topics):
         paras = _prose_paragraphs(topics.topics[name])
         if paras:
-            docs.append(Document(f"pydoc/{name}", "\n\n".join(paras)))
+            docs.append(Text(f"pydoc/{name}", "\n\n".join(paras)))
     seen: set[str] = set()
     for path in sorted(glob.glob(os.path.join(licence_dir, "*"))):
         real = os.path.realpath(path)
@@ -458,18 +472,8 @@ def offline_corpus(licence_dir: str = "/usr/share/common-licenses") -> list[Docu
         with open(real, encoding="utf-8", errors="replace") as fh:
             paras = [re.sub(r"\s+", " ", p).strip() for p in re.split(r"\n\s*\n", fh.read())]
         paras = [p for p in paras if len(p) >= 40]
-        docs.append(Document(f"licence/{os.path.basename(real)}", "\n\n".join(paras)))
+        docs.append(Text(f"licence/{os.path.basename(real)}", "\n\n".join(paras)))
     return docs
-
-
-def is_held_out(name: str, holdout_every: int) -> bool:
-    """Deterministic document-level split (stable across Python runs, unlike ``hash``).
-
-    Versions of one licence (GPL-2/GPL-3, GFDL-1.2/1.3, ...) share most of their text, so the
-    split is by family (version suffix stripped): held-out text never appears in training.
-    """
-    family = re.sub(r"-[\d.]+$", "", name)
-    return int(hashlib.sha256(family.encode()).hexdigest(), 16) % holdout_every == 0
 
 
 class Tokenizer(Protocol):
@@ -501,7 +505,7 @@ def _chat_wrapper(tokenizer: Any, instruction: str) -> tuple[list[int], list[int
             tokenizer.encode(after, add_special_tokens=False))
 
 
-def build_prompts(tokenizer: Tokenizer, documents: Sequence[Document], cfg: DistillConfig
+def build_prompts(tokenizer: Tokenizer, documents: Sequence[Text], cfg: DistillConfig
                   ) -> PromptSet:
     """Cut documents into prompt windows of exactly ``prompt_tokens`` tokens.
 
@@ -676,7 +680,7 @@ def distill_loss(sub_logits: torch.Tensor, idx: torch.Tensor, probs: torch.Tenso
 
 def _train_step(draft: DistilledDraft, optimizer: torch.optim.Optimizer,
                 batch: tuple[torch.Tensor, ...]) -> tuple[float, float]:
-    tokens, idx, probs, mask = batch
+    tokens, idx, probs, mask = (t.to(draft.device, non_blocking=True) for t in batch)
     draft.train()
     loss, agree = distill_loss(draft.subset_logits(tokens), idx, probs, mask)
     optimizer.zero_grad(set_to_none=True)
@@ -765,12 +769,13 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
 
 def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLike[str],
             config: DistillConfig | None = None, target_name: str = DEFAULT_TARGET,
-            documents: Sequence[Document] | None = None, resume: bool = True,
+            documents: Sequence[Text] | None = None, resume: bool = True,
             progress: bool = True) -> Path:
     """Distil a draft for ``target``; returns the folder with the final weights and config.
 
     Steps, each cached in ``out_dir`` so an interrupted run picks up where it stopped:
-    1. prompts from ``documents`` (default :func:`offline_corpus`), held-out by document;
+    1. prompts from ``documents`` (default: the corpora named in the config), held-out by
+       document (the same split as the bench's offline prompt sets);
     2. target labels: greedy continuations + top-k logits at every position (``data.pt``);
     3. vocabulary subset = the target's most frequent top-1 tokens on the training labels;
     4. AdamW on layers + norm + head, checkpointed every ``checkpoint_every`` steps with the
@@ -796,7 +801,7 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
             train, evals = LabelledData(**saved["train"]), LabelledData(**saved["eval"])
     if train is None or evals is None:
         prompts = build_prompts(tokenizer, documents if documents is not None
-                                else offline_corpus(), cfg)
+                                else documents_for(cfg.corpora), cfg)
         eos = tokenizer.eos_token_id
         train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
                               partial=out / "data.partial.pt", progress=progress,
@@ -876,16 +881,20 @@ def distill_cli(
     train_sequences: int = DistillConfig.train_sequences,
     eval_sequences: int = DistillConfig.eval_sequences,
     seed: int = DistillConfig.seed,
+    corpora: str = DistillConfig.corpora,
     out: Path = Path("distilled-draft"),
     resume: bool = True,
     threads: int | None = None,
+    device: str = "cpu",
     progress: bool = True,
 ) -> None:
     """Distil a small draft model for TARGET from offline prose and the target's own outputs.
 
     Resumable: rerun the same command after an interruption. The result is written to
     OUT/final (model.safetensors, config.json, metrics.json); load it with
-    ``dynatree.distill.load_distilled_draft(target, OUT/final)``.
+    ``dynatree.distill.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
+    trains on a GPU (the target in fp32, like on CPU, so labels do not depend on the device's
+    fp16 rounding): labelling is the cost that limits the draft on a CPU.
     """
     from .models import load_model  # local: model loading pulls in optional dependencies
 
@@ -893,8 +902,8 @@ def distill_cli(
         torch.set_num_threads(threads)
     cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
                         seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
-                        eval_sequences=eval_sequences, seed=seed)
-    model, tokenizer = load_model(target)
+                        eval_sequences=eval_sequences, seed=seed, corpora=corpora)
+    model, tokenizer = load_model(target, device=device)
     final = distill(model, tokenizer, out_dir=out, config=cfg, target_name=target,
                     resume=resume, progress=progress)
     metrics = json.loads((final / "metrics.json").read_text())["eval"]

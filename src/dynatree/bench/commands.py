@@ -35,7 +35,7 @@ STRATEGY_HELP = (
 # Options shared by bench and sweep (typer needs them spelled out per command).
 Target = Annotated[str, typer.Option(help="Target model: preset, HF id or local path.")]
 Draft = Annotated[str, typer.Option(help="Draft: preset, HF id, local path, early-exit:K, or 'default'.")]
-Dataset = Annotated[str, typer.Option(help="Prompt set: pydoc, licenses, wikitext2, pg19, or a .txt/.jsonl path.")]
+Dataset = Annotated[str, typer.Option(help="Prompt set: pydoc, licenses, wiki-offline, books-offline, wikitext2, pg19, or a .txt/.jsonl path.")]
 NumPrompts = Annotated[int, typer.Option(help="Measured prompts (warm-up runs come on top).")]
 MaxPrompt = Annotated[int, typer.Option(help="Prompt length cap in tokens (seeds: 800 WikiText-2, 1000 PG-19).")]
 MaxNew = Annotated[int, typer.Option(help="Tokens to generate per prompt (T).")]

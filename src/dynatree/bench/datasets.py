@@ -15,6 +15,13 @@ Provenance of each set:
 * ``pg19`` — PG-19 test split (Project Gutenberg books published before 1919), the parquet copy
   ``emozilla/pg19-test`` of DeepMind's set (whose loading script current ``datasets`` no longer
   runs). The seeds cap these prompts at 1000 tokens.
+* ``wiki-offline`` — the held-out articles of the offline Wikipedia corpus (106 articles of a 2017
+  English Wikipedia dump shipped as test data in PyPI's ``gensim`` wheel; CC BY-SA 3.0,
+  Wikipedia contributors), a WikiText-2 stand-in that needs no hub. See :mod:`dynatree.corpora`.
+* ``books-offline`` — the held-out chapters of six Jane Austen novels and *Moby Dick* (Project
+  Gutenberg texts in Debian's ``r-cran-janeaustenr`` / ``r-cran-tokenizers``), a PG-19 stand-in.
+  Only held-out documents are used, so a draft distilled on the training part (``dynatree
+  distill``) is never scored on text it was trained on.
 * a local file — ``.txt`` (one prompt per paragraph, paragraphs separated by blank lines) or
   ``.jsonl`` (one prompt per line, in the field ``text`` or ``prompt``), used as written.
 
@@ -65,6 +72,8 @@ PROMPT_SETS: dict[str, PromptSet] = {
     "licenses": PromptSet("licence texts from /usr/share/common-licenses (Debian), offline"),
     "wikitext2": PromptSet("WikiText-2 raw test split (needs `datasets` and the HF hub)", 800),
     "pg19": PromptSet("PG-19 test split, Project Gutenberg books (needs `datasets` and the HF hub)", 1000),
+    "wiki-offline": PromptSet("held-out English Wikipedia articles (fetched once from PyPI's gensim wheel)", 800),
+    "books-offline": PromptSet("held-out chapters of Austen's novels and Moby Dick (fetched once from Debian)", 1000),
 }
 
 _SYMBOLS = set("=<>{}[]|\\_*#@$%^~`")
@@ -199,6 +208,14 @@ def pg19_documents() -> list[Document]:
     return [document for document in map(_clean_prose, books) if document]
 
 
+def offline_documents(corpus: str) -> list[Document]:
+    """The held-out documents of an offline corpus of :mod:`dynatree.corpora` as prose runs."""
+    from dynatree import corpora
+
+    held = corpora.split(corpora.load(corpus), held_out=True)
+    return [document for document in (_clean_prose(t.text) for t in held) if document]
+
+
 def _passages(
     document: Document, tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
 ) -> Iterator[str]:
@@ -285,6 +302,8 @@ def _corpus(name: str) -> list[Document]:
         "licenses": license_documents,
         "wikitext2": wikitext2_documents,
         "pg19": pg19_documents,
+        "wiki-offline": lambda: offline_documents("wiki"),
+        "books-offline": lambda: offline_documents("books"),
     }
     return builders[name]()
 
