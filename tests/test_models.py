@@ -7,8 +7,10 @@ Qwen2 / GPT-2 models built from configs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import importlib.util
 import sys
 import types
 from pathlib import Path
@@ -19,17 +21,13 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     DynamicCache,
-    GPT2Config,
-    GPT2LMHeadModel,
-    GPTNeoXConfig,
-    GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from tiny import tiny_model
 
 from dynatree import models
 from dynatree.errors import DynaTreeError
@@ -46,8 +44,10 @@ from dynatree.models import (
     resolve_draft,
 )
 
-gguf = pytest.importorskip("gguf")
-pytest.importorskip("accelerate")  # transformers needs it to read GGUF files
+# Only the tests that read or write GGUF files need these; the rest run without them.
+needs_gguf = pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
+    reason="reading GGUF needs the gguf and accelerate packages (pip install -e '.[offline]')")
 
 VOCAB = 64
 
@@ -66,6 +66,8 @@ def write_tiny_llama_gguf(path: Path, layers: int = 2, hidden: int = 16) -> None
     tokens = ["<|endoftext|>", *bytes_to_unicode().values(), "\u0120t", "he", "\u0120the", "in", "\u0120a"]
     heads, kv_heads, head_dim, ffn = 2, 1, hidden // 2, 2 * hidden
     rng = np.random.default_rng(0)
+
+    import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(layers)
@@ -108,34 +110,14 @@ def write_tiny_llama_gguf(path: Path, layers: int = 2, hidden: int = 16) -> None
     writer.close()
 
 
-def tiny_llama(layers: int = 4) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(config).eval()
+def _tiny(arch: str) -> Callable[..., PreTrainedModel]:
+    def build(layers: int = 4) -> PreTrainedModel:
+        return tiny_model(arch, vocab=VOCAB, layers=layers, max_positions=128)
+    build.__name__ = f"tiny_{arch}"
+    return build
 
 
-def tiny_gpt_neox(layers: int = 4) -> GPTNeoXForCausalLM:
-    config = GPTNeoXConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, max_position_embeddings=128,
-    )
-    return GPTNeoXForCausalLM(config).eval()
-
-
-def tiny_qwen2(layers: int = 4) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-    )
-    return Qwen2ForCausalLM(config).eval()
-
-
-def tiny_gpt2(layers: int = 4) -> GPT2LMHeadModel:
-    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=128,
-                        bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(config).eval()
+tiny_llama, tiny_gpt_neox, tiny_qwen2, tiny_gpt2 = map(_tiny, ("llama", "neox", "qwen2", "gpt2"))
 
 
 def truncated_copy(target: PreTrainedModel, layers: int) -> PreTrainedModel:
@@ -245,6 +227,7 @@ def test_cache_dir_honours_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 # ------------------------------------------------------------------------------ GGUF and cache
 
 
+@needs_gguf
 def test_gguf_is_converted_once_cached_atomically_and_reloaded_identically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,6 +274,7 @@ def test_gguf_is_converted_once_cached_atomically_and_reloaded_identically(
         assert torch.equal(logits, direct(ids).logits)
 
 
+@needs_gguf
 def test_unwritable_cache_is_a_one_line_error(tmp_path: Path) -> None:
     path = tmp_path / "tiny.gguf"
     write_tiny_llama_gguf(path)
@@ -301,6 +285,7 @@ def test_unwritable_cache_is_a_one_line_error(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
+@needs_gguf
 def test_unreadable_gguf_is_a_one_line_error(tmp_path: Path) -> None:
     path = tmp_path / "broken.gguf"
     path.write_bytes(b"GGUF but not really")
