@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from dynatree import distill as D
+from dynatree import distilled as R
 from dynatree.errors import DynaTreeError
 
 VOCAB = 260
@@ -45,9 +46,9 @@ SMALL = dict(layers=1, vocab_subset=48, batch=4, seq_len=20, prompt_tokens=16, n
              warmup=2, lr=3e-3, eval_every=4, checkpoint_every=4)
 
 
-def make_draft(target: LlamaForCausalLM, subset: list[int], layers: int = 2) -> D.DistilledDraft:
-    cfg = D.DraftConfig.from_target(target, name="tiny", layers=layers, vocab_subset=subset)
-    draft = D.DistilledDraft(cfg, target.get_input_embeddings())
+def make_draft(target: LlamaForCausalLM, subset: list[int], layers: int = 2) -> R.DistilledDraft:
+    cfg = R.DraftConfig.from_target(target, name="tiny", layers=layers, vocab_subset=subset)
+    draft = R.DistilledDraft(cfg, target.get_input_embeddings())
     draft.init_from_target(target)
     return draft.eval()
 
@@ -123,16 +124,16 @@ def test_tree_mask_and_cache_match_a_full_run() -> None:
 def test_fingerprint_mismatch_raises(tmp_path: Path) -> None:
     target, other = tiny_target(0), tiny_target(1)
     draft = make_draft(target, list(range(0, VOCAB, 3)))
-    D.save_draft(draft, tmp_path)
-    loaded = D.load_distilled_draft(target, tmp_path)
+    R.save_draft(draft, tmp_path)
+    loaded = R.load_distilled_draft(target, tmp_path)
     ids = torch.randint(VOCAB, (1, 7))
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, draft(input_ids=ids).logits,
                                    atol=2e-2, rtol=2e-2)  # fp16 file
     with pytest.raises(DynaTreeError, match="distilled for target 'tiny'"):
-        D.load_distilled_draft(other, tmp_path)
+        R.load_distilled_draft(other, tmp_path)
     # the same target in another dtype is still recognised
-    D.load_distilled_draft(tiny_target(0).to(torch.bfloat16), tmp_path)
+    R.load_distilled_draft(tiny_target(0).to(torch.bfloat16), tmp_path)
 
 
 def test_config_validation() -> None:
@@ -141,15 +142,15 @@ def test_config_validation() -> None:
     with pytest.raises(DynaTreeError):
         D.DistillConfig(steps=0)
     target = tiny_target()
-    good = D.DraftConfig.from_target(target, name="t", layers=1, vocab_subset=[1, 5])
+    good = R.DraftConfig.from_target(target, name="t", layers=1, vocab_subset=[1, 5])
     with pytest.raises(ValueError, match="strictly increasing"):
         dataclasses.replace(good, vocab_subset=(5, 5))
     with pytest.raises(ValueError, match="must lie in"):
         dataclasses.replace(good, vocab_subset=(1, VOCAB))
     with pytest.raises(ValueError, match="not be empty"):
-        D.DraftConfig.from_target(target, name="t", layers=1, vocab_subset=[])
+        R.DraftConfig.from_target(target, name="t", layers=1, vocab_subset=[])
     with pytest.raises(DynaTreeError, match="more layers"):
-        D.DraftConfig.from_target(target, name="t", layers=4, vocab_subset=[1])
+        R.DraftConfig.from_target(target, name="t", layers=4, vocab_subset=[1])
 
 
 def _log_steps(out: Path) -> list[dict]:
@@ -187,7 +188,7 @@ def test_training_reduces_loss_and_resume_matches_uninterrupted(
                         documents=DOCS, target_name="tiny", progress=False)
     assert calls["n"] == -100 + 4, "resume must continue at the step-4 checkpoint"
     assert [r["step"] for r in _log_steps(tmp_path / "b")] == list(range(1, 9))
-    a, b = load_file(str(straight / D.WEIGHTS_FILE)), load_file(str(resumed / D.WEIGHTS_FILE))
+    a, b = load_file(str(straight / R.WEIGHTS_FILE)), load_file(str(resumed / R.WEIGHTS_FILE))
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -361,8 +361,8 @@ def test_resolve_draft_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loaded == [{"spec": "pythia-70m", "dtype": torch.float16, "device": target.device,
                        "attn_implementation": target.config._attn_implementation}]
 
-    without_loader = types.ModuleType("dynatree.distill")
-    monkeypatch.setitem(sys.modules, "dynatree.distill", without_loader)
+    without_loader = types.ModuleType("dynatree.distilled")
+    monkeypatch.setitem(sys.modules, "dynatree.distilled", without_loader)
     with pytest.raises(DynaTreeError, match="early-exit:8"):
         resolve_draft(DEFAULT_DRAFT, target)
     without_loader.load_distilled_draft = lambda model: ("distilled for", model)

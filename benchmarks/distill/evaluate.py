@@ -22,7 +22,8 @@ import torch
 from transformers import DynamicCache
 
 from dynatree.distill import (DistillConfig, LabelledData, build_prompts, evaluate, label_prompts,
-                              load_distilled_draft, offline_corpus)
+                              offline_corpus)
+from dynatree.distilled import load_distilled_draft
 from dynatree.models import load_model, make_early_exit_draft
 
 

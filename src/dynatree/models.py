@@ -432,11 +432,11 @@ def resolve_draft(
 
 
 def _load_distilled_draft(target: PreTrainedModel) -> nn.Module:
-    """The distilled draft from :mod:`dynatree.distill`, when that module provides one."""
+    """The distilled draft from :mod:`dynatree.distilled`, when that module provides one."""
     try:
-        distill = importlib.import_module("dynatree.distill")
+        distill = importlib.import_module("dynatree.distilled")
     except ModuleNotFoundError as exc:
-        if exc.name != "dynatree.distill":
+        if exc.name != "dynatree.distilled":
             raise
         distill = None
     loader = getattr(distill, "load_distilled_draft", None)
