@@ -331,7 +331,7 @@ def label_prompts(target: nn.Module, prompts: torch.Tensor, chat: torch.Tensor,
         parts.append(label_batch(target, prompts[i:i + cfg.gen_batch], cfg.new_tokens, cfg.top_k,
                                  eos_token_id))
         bar.update(1)
-        if partial is not None and time.monotonic() - last_save > 60:
+        if partial is not None and (time.monotonic() - last_save > 60 or i == starts[-1]):
             _atomic_save({"key": json.dumps(cfg.data_key()), "prompts": prompts, "parts": parts},
                          partial)
             last_save = time.monotonic()
@@ -507,14 +507,17 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
         prompts = build_prompts(tokenizer, documents if documents is not None
                                 else documents_for(cfg.corpora), cfg)
         eos = tokenizer.eos_token_id
+        # held-out first: it is small, and an interrupted run can already score other drafts on it
+        evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
+                              partial=out / "eval.partial.pt", progress=progress,
+                              desc="target labels (held-out)")
         train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
                               partial=out / "data.partial.pt", progress=progress,
                               desc="target labels (train)")
-        evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
-                              progress=progress, desc="target labels (held-out)")
         _atomic_save({"key": key, "fingerprint": asdict(fingerprint),
                       "train": train.as_dict(), "eval": evals.as_dict()}, data_path)
-        (out / "data.partial.pt").unlink(missing_ok=True)
+        for name in ("eval.partial.pt", "data.partial.pt"):  # the complete data is in data.pt
+            (out / name).unlink(missing_ok=True)
 
     always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     subset = choose_vocab_subset(train, cfg.vocab_subset, always)
