@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny import hf_greedy, perturbed, tiny_model
-from tp_worker import NEW, OPTIONS, PROMPT, SEED, TEMPERATURE
+from tp_worker import NEW, OPTIONS, PROMPT, SAMPLED_OPTIONS, SEED, TEMPERATURE
 
 import dynatree
 
@@ -87,7 +87,7 @@ def test_tp_sampling_ranks_agree_with_unsharded_seeded_run(tp_results: list[dict
     assert r0 == r1
     one = dynatree.generate(unsharded["target"], unsharded["draft"], torch.tensor([PROMPT]), strategy,
                             max_new_tokens=NEW, eos_token_id=[], temperature=TEMPERATURE, seed=SEED,
-                            cpu_linear=False, **OPTIONS[strategy])
+                            cpu_linear=False, **SAMPLED_OPTIONS[strategy])
     assert r0 == one.sequences[0].tolist()
 
 
