@@ -148,6 +148,12 @@ def rank() -> int:
     return dist.get_rank() if dist is not None else int(os.environ.get("RANK", "0"))
 
 
+def world_size() -> int:
+    """Number of processes (1 when not distributed)."""
+    dist = _dist()
+    return dist.get_world_size() if dist is not None else int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def tp_plan(config: Any, world: int) -> str | dict[str, str]:
     """``"auto"``, or the model's plan with attention replicated when its heads do not split evenly.
 
@@ -159,7 +165,10 @@ def tp_plan(config: Any, world: int) -> str | dict[str, str]:
     kv = getattr(config, "num_key_value_heads", None) or heads
     if heads is None or (heads % world == 0 and kv % world == 0):
         return "auto"
-    return {f"layers.*.self_attn.{p}_proj": "replicate" for p in ("q", "k", "v", "o")}
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    prefix = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].base_model_prefix
+    return {f"{prefix}.layers.*.self_attn.{p}_proj": "replicate" for p in ("q", "k", "v", "o")}
 
 
 def load_tp_target(name_or_path: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
@@ -188,3 +197,54 @@ def load_tp_target(name_or_path: str, dtype: torch.dtype) -> tuple[torch.nn.Modu
     model = AutoModelForCausalLM.from_pretrained(
         location, dtype=dtype, attn_implementation="sdpa", distributed_config=DistributedConfig(tp_plan=plan))
     return model.eval(), AutoTokenizer.from_pretrained(location)
+
+
+def load_tp_pair(target: str, draft: str, needs_draft: bool, dtype: torch.dtype, allow_vocab_mismatch: bool = False
+                 ) -> tuple[torch.nn.Module, torch.nn.Module | None, Any, str | None]:
+    """(sharded target, replicated draft, tokenizer, draft name) for the CLI's ``--tp``.
+
+    The draft is an ordinary model on every rank. Drafts that share the target's tensors (the
+    distilled draft shares its embedding, ``early-exit:K`` its first layers) are built on an
+    unsharded copy of the target, so they stay replicated and run no collectives: fine for the
+    small CPU pair, while a target too big for one device wants a separately loaded draft
+    (``--draft org/name``), which is loaded once per rank on that rank's device.
+    """
+    from . import models
+
+    tmodel, tok = load_tp_target(target, dtype)
+    if not needs_draft:
+        return tmodel, None, tok, None
+    spec = models.DEFAULT_DRAFT if draft == "default" else draft
+    device = tmodel.device
+    if spec == models.DEFAULT_DRAFT or spec.startswith(models.EARLY_EXIT_PREFIX):
+        full, _ = models.load_model(target, dtype=dtype, device=device)
+        return tmodel, models.resolve_draft(spec, full), tok, spec
+    dmodel = models.resolve_draft(spec, tmodel, dtype=dtype, device=device, tokenizer=tok,
+                                  allow_vocab_mismatch=allow_vocab_mismatch)
+    return tmodel, dmodel, tok, spec
+
+
+def rank_output(output: "os.PathLike[str] | str", overwrite: bool) -> tuple[Any, bool]:
+    """(results file this rank writes, whether it is rank 0) for ``bench --tp``.
+
+    Every rank must run exactly the rows rank 0 runs (the target's collectives need all of them),
+    and a resumed file decides which rows are skipped; so ranks other than 0 write to a private
+    copy of the file as it was before anyone wrote (single node: the ranks share the disk), and
+    only rank 0's file is the result. A barrier keeps rank 0 from appending before the copies exist.
+    """
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    dist = _dist()
+    path = Path(output)
+    me = rank()
+    if me == 0:
+        mine = path
+    else:
+        mine = Path(tempfile.mkdtemp(prefix=f"dynatree-rank{me}-")) / path.name
+        if path.exists() and not overwrite:
+            shutil.copyfile(path, mine)
+    if dist is not None:
+        dist.barrier()
+    return mine, me == 0
