@@ -133,3 +133,27 @@ def test_dyspec_threshold_defaults_fit_a_short_model() -> None:
                             max_new_tokens=NEW, eos_token_id=[])
     assert out.sequences[0].tolist() == hf_greedy(target, torch.tensor([PROMPT]), NEW)[0].tolist()
     assert max(r.depth for r in out.stats.rounds) <= NEW
+
+
+def test_tp_flag_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from dynatree.cli import app
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    result = CliRunner().invoke(app, ["generate", "--tp", "--max-new-tokens", "4"])
+    assert result.exit_code == 2
+    assert "torchrun --nproc-per-node N -m dynatree" in result.output
+
+
+def test_tp_plan_replicates_attention_only_when_heads_do_not_split() -> None:
+    from transformers import LlamaConfig
+
+    from dynatree.distributed import tp_plan
+
+    smollm2 = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
+    assert tp_plan(smollm2, 3) == "auto"
+    plan = tp_plan(smollm2, 2)
+    assert plan != "auto" and set(plan.values()) == {"replicate"}
+    assert sorted(plan) == [f"model.layers.*.self_attn.{p}_proj" for p in "kovq"]
