@@ -156,4 +156,4 @@ def test_tp_plan_replicates_attention_only_when_heads_do_not_split() -> None:
     assert tp_plan(smollm2, 3) == "auto"
     plan = tp_plan(smollm2, 2)
     assert plan != "auto" and set(plan.values()) == {"replicate"}
-    assert sorted(plan) == [f"model.layers.*.self_attn.{p}_proj" for p in "kovq"]
+    assert sorted(plan) == [f"model.layers.*.self_attn.{p}_proj" for p in "koqv"]
