@@ -1,6 +1,6 @@
 """One rank of the tensor-parallel exactness test (launched by ``test_distributed.py`` via torchrun).
 
-Loads the saved tiny Llama with ``tp_plan="auto"`` (gloo, one thread), the draft replicated (the
+Loads the saved tiny Llama with transformers' ``tp_plan="auto"`` (gloo, one thread), the draft replicated (the
 perturbed copy from ``tiny.py``, rebuilt identically on every rank), runs every strategy greedy and
 sampled, and writes what it got to ``<out>/rank<R>.json`` for the test to compare with the
 unsharded model. Not a test module itself (no ``test_`` prefix).
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tiny import perturbed, tiny_model
 from transformers import AutoModelForCausalLM
+from transformers.distributed import DistributedConfig
 
 import dynatree
 from dynatree import distributed
@@ -44,7 +45,8 @@ SAMPLED_OPTIONS = {**OPTIONS, "dyspec-threshold": {"threshold": 0.01, "max_nodes
 def main(model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)  # here, not at import: the test module imports the constants above
     rank = int(os.environ["RANK"])
-    target = AutoModelForCausalLM.from_pretrained(model_dir, tp_plan="auto").eval()
+    # = from_pretrained(model_dir, tp_plan="auto"), the older spelling
+    target = AutoModelForCausalLM.from_pretrained(model_dir, distributed_config=DistributedConfig(tp_plan="auto")).eval()
     draft = perturbed(tiny_model("llama", 0, max_positions=256))
     ids = torch.tensor([PROMPT])
 
