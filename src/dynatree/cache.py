@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from . import distributed
 from .errors import DynaTreeError
 from .kernels.cpu_linear import SmallBatchLinear
 
@@ -75,8 +76,8 @@ class CachedModel:
         self.device, self.dtype = param.device, param.dtype
         self.cache = new_cache(model)
         self.calls = 0
-        # kernels/cpu_linear.py: few-row linear layers as (W @ x.T).T on CPU
-        self.cpu_linear = cpu_linear and self.device.type == "cpu"
+        # kernels/cpu_linear.py: few-row linear layers as (W @ x.T).T on CPU; never on sharded weights
+        self.cpu_linear = cpu_linear and self.device.type == "cpu" and distributed.layout_allowed(model)
 
     def _layout(self) -> contextlib.AbstractContextManager:
         return SmallBatchLinear() if self.cpu_linear else contextlib.nullcontext()

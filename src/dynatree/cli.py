@@ -68,6 +68,10 @@ def parse_value(raw: str) -> Any:
     return raw
 
 
+TP_HELP = ("Shard the target over the torchrun processes (tensor parallelism, transformers' tp_plan); the "
+           "draft is replicated. Launch: torchrun --nproc-per-node N -m dynatree generate --tp ...")
+
+
 def set_threads(threads: int | None) -> None:
     if threads is not None:
         import torch
@@ -101,6 +105,7 @@ def generate(
     kv_window: Annotated[int | None, typer.Option(help="StreamingLLM-style KV eviction: keep the sinks + this many recent tokens (may run past the model's context).")] = None,
     kv_sinks: Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")] = 4,
     cpu_linear: Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help="Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU).")] = None,
+    tp: Annotated[bool, typer.Option("--tp", help=TP_HELP)] = False,
 ) -> None:
     """Generate text with speculative decoding and print a one-line summary."""
     import torch
@@ -119,9 +124,15 @@ def generate(
     if kv_window is not None:
         StreamingConfig(kv_window, kv_sinks)
     torch_dtype = models.parse_dtype(dtype)
-    tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
-    dmodel = None
-    if policy.uses_draft:
+    if tp:  # target sharded over the torchrun processes, draft replicated (dynatree.distributed)
+        from .distributed import load_tp_pair
+
+        tmodel, dmodel, tok, _ = load_tp_pair(target, draft, policy.uses_draft, torch_dtype, allow_vocab_mismatch)
+        device = str(tmodel.device)
+    else:
+        tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
+        dmodel = None
+    if policy.uses_draft and not tp:
         dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
                                       dtype=torch_dtype, device=device, tokenizer=tok,
                                       allow_vocab_mismatch=allow_vocab_mismatch)
@@ -131,6 +142,10 @@ def generate(
                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                  draft_temperature=draft_temperature, engine=engine, compile=compile,
                  kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
+    from .distributed import rank
+
+    if rank() != 0:  # under torchrun every rank ran the same decoding; one prints
+        return
     new = result.sequences[0, result.stats.prompt_tokens:]
     typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
     s = result.stats

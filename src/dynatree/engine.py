@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from . import distributed
 from .cache import CachedModel, StaticCachedModel
 from .draft import Drafter
 from .errors import DynaTreeError
@@ -109,11 +110,16 @@ def generate(
     policy = make_policy(strategy, **strategy_options)
     sampling = SamplingConfig(temperature, top_k, top_p, draft_temperature)
     rng = make_generator(seed, generator)
+    # Tensor-parallel target: every rank must draw the same numbers and commit the same tokens.
+    sync = distributed.RankSync.for_models(target, draft if policy.uses_draft else None)
+    if sync is not None:
+        sync.share_generator(rng)
     if isinstance(policy, SamplesDraft):
         policy.use_sampler(DraftSampler(rng, draft_temperature))
     prompt = _check_prompt(input_ids, target)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    policy.limit_depth(max_new_tokens)  # deeper nodes could never be committed
     if policy.uses_draft and draft is None:
         raise DynaTreeError(f"strategy '{policy.name}' needs a draft model (draft=None)")
     vocab = _vocab_size(target)
@@ -159,7 +165,7 @@ def generate(
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
         return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
-                       stop_text, lazy_head)
+                       stop_text, lazy_head, sync)
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -177,7 +183,10 @@ def _static_options(target: torch.nn.Module, compile: bool | str, buckets: Seque
 
 
 def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
-    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU."""
+    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU, off for a sharded one."""
+    sharded = distributed.resolve_cpu_linear(model, cpu_linear)
+    if sharded is not None:
+        return sharded
     return next(model.parameters()).device.type == "cpu" if cpu_linear is None else bool(cpu_linear)
 
 
@@ -248,6 +257,7 @@ def _decode(
     tree_order: str = "bfs",
     stop_text: "StopText | None" = None,
     lazy_head: bool = False,
+    sync: "distributed.RankSync | None" = None,
 ) -> GenerationResult:
     clock = _Clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
@@ -282,6 +292,9 @@ def _decode(
             path, bonus = greedy_accept(tree, logits)
         else:
             path, bonus = sample_accept(tree, logits, sampling, rng)
+        if sync is not None:  # rank 0's decision (and random stream) on every rank
+            random = not sampling.greedy or isinstance(policy, SamplesDraft)
+            path, bonus = sync.decide(path, bonus, tree.max_depth, rng if random else None)
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
         target.compact(prefix, rows[[0, *path]])
         if drafter is not None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..cli import app, friendly_errors, set_threads
+from ..cli import TP_HELP, app, friendly_errors, set_threads
 from ..errors import DynaTreeError
 
 if TYPE_CHECKING:
@@ -202,6 +202,7 @@ def bench(
     kv_sinks: KvSinks = 4,
     buckets: Buckets = None,
     cpu_linear: CpuLinear = None,
+    tp: Annotated[bool, typer.Option("--tp", help=TP_HELP + " Rank 0 writes --output and prints.")] = False,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from .runner import run_bench
@@ -213,7 +214,15 @@ def bench(
     for s in specs:
         if s.name != "hf-assisted":
             s.engine_for(engine, compile)
-    tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, any(s.uses_draft for s in specs))
+    needs_draft = any(s.uses_draft for s in specs)
+    if tp:
+        from .. import distributed, models
+
+        tmodel, dmodel, tok, draft_name = distributed.load_tp_pair(target, draft, needs_draft, models.parse_dtype(dtype))
+        specs = [s for s in specs if s.name != "hf-assisted"]  # HF's assisted generate is not run sharded here
+        device = str(tmodel.device)
+    else:
+        tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, needs_draft)
     specs = _drop_unsupported_hf(specs, dmodel, explicit=strategies != DEFAULT_STRATEGIES)
     prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
     if temperature < 0:
@@ -222,11 +231,19 @@ def bench(
         specs = [s for s in specs if s.name != "hf-assisted"]
     settings = _settings(target, draft_name, dataset, max_new_tokens, max_prompt_tokens, dtype, device, seed,
                          engine, compile, temperature, kv_window, kv_sinks, buckets, cpu_linear)
+    lead = True
+    if tp:
+        from ..distributed import rank_output, world_size
+
+        settings.extra["tp_world_size"] = world_size()  # keeps TP rows apart from 1-process ones
+        output, lead = rank_output(output, overwrite)
+        progress = progress and lead
     with ResultsWriter(output, overwrite=overwrite) as writer:
         outcome = _run_saving(writer, lambda: run_bench(
             tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=warmup,
             warmup_tokens=warmup_tokens, progress=progress))
-    _finish([outcome], output)
+    if lead:
+        _finish([outcome], output)
 
 
 @app.command()

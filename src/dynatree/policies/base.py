@@ -68,6 +68,11 @@ class DraftPolicy(ABC):
     def observe(self, feedback: RoundFeedback) -> None:
         """Called after every round with that round's outcome."""
 
+    def limit_depth(self, depth: int) -> None:
+        """Called by the engine with ``max_new_tokens`` before a run: nodes deeper than that could
+        never be committed, so a policy whose depth is otherwise only bounded by its node budget
+        (DySpec's) stops there instead of asking for room it cannot use. Default: nothing to do."""
+
     @abstractmethod
     def max_depth(self) -> int:
         """Upper bound on the drafted depth, so the engine can check positions before running."""

@@ -73,6 +73,21 @@ class SampledTreePolicy(DraftPolicy):
         self.sampler: DraftSampler | None = None
         self.values: list[float] = []  # value (reach probability) of each drafted node, creation order
         self.draft_rows = 0
+        self.depth_limit: int | None = None
+
+    def limit_depth(self, depth: int) -> None:
+        """A sampled tree's depth is bounded only by its node budget (a peaked draft makes a chain
+        of max_nodes), so the engine's position check would otherwise reserve max_nodes positions;
+        nodes past ``depth`` (the run's max_new_tokens) could never be committed anyway."""
+        self.depth_limit = depth
+
+    def _may_expand(self, tree: TreeBuilder, node: int) -> bool:
+        """Whether ``node`` may receive children under the depth limit."""
+        return self.depth_limit is None or tree.depth[node] < self.depth_limit
+
+    def max_depth(self) -> int:
+        budget = self.config.max_nodes
+        return budget if self.depth_limit is None else min(budget, self.depth_limit)
 
     def use_sampler(self, sampler: DraftSampler) -> None:
         """Called by the engine at the start of every generate() with the run's generator."""
@@ -127,7 +142,5 @@ class DySpec(SampledTreePolicy):
             rest = without(res, y) if r_y < 1.0 else None
             if rest is not None:
                 heapq.heappush(heap, (-v * (1.0 - r_y), next(order), node, rest))
-            heapq.heappush(heap, (-v * r_y, next(order), child, None))
-
-    def max_depth(self) -> int:
-        return self.config.max_nodes
+            if self._may_expand(tree, child):
+                heapq.heappush(heap, (-v * r_y, next(order), child, None))

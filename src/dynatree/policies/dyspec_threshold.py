@@ -54,7 +54,7 @@ class DySpecThreshold(SampledTreePolicy):
         leaves: list[tuple[int, float]] = [(0, 1.0)]  # (node, value) of the current layer
         while leaves and len(tree) - 1 < cap:
             # Each expanded leaf adds at least one child, so leaves past the remaining room are not run.
-            expand = [(n, v) for n, v in leaves if v >= t][: cap - (len(tree) - 1)]
+            expand = [(n, v) for n, v in leaves if v >= t and self._may_expand(tree, n)][: cap - (len(tree) - 1)]
             if not expand:
                 break
             nodes = [n for n, _ in expand]
@@ -71,6 +71,3 @@ class DySpecThreshold(SampledTreePolicy):
                     self.values.append(v * r_y)
                     v *= 1.0 - r_y
                     res = without(res, y) if r_y < 1.0 else None
-
-    def max_depth(self) -> int:
-        return self.config.max_nodes

@@ -1,0 +1,83 @@
+"""One rank of the tensor-parallel exactness test (launched by ``test_distributed.py`` via torchrun).
+
+Loads the saved tiny Llama with transformers' ``tp_plan="auto"`` (gloo, one thread), the draft replicated (the
+perturbed copy from ``tiny.py``, rebuilt identically on every rank), runs every strategy greedy and
+sampled, and writes what it got to ``<out>/rank<R>.json`` for the test to compare with the
+unsharded model. Not a test module itself (no ``test_`` prefix).
+
+Usage: tp_worker.py MODEL_DIR OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from tiny import perturbed, tiny_model
+from transformers import AutoModelForCausalLM
+from transformers.distributed import DistributedConfig
+
+import dynatree
+from dynatree import distributed
+from dynatree.errors import DynaTreeError
+
+PROMPT = [5, 17, 33, 8]
+NEW = 30
+SEED = 3
+TEMPERATURE = 0.8
+# Small trees for speed, except dyspec-threshold's default max_nodes=768: what used to be refused on
+# this 256-position model.
+OPTIONS: dict[str, dict] = {
+    "autoregressive": {},
+    "linear": {"k": 4},
+    "fixed": {"depth": 4, "branch": 2, "tau": 0.0, "max_nodes": 24},
+    "dynatree": {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2},
+    "dyspec": {"max_nodes": 24},
+    "dyspec-threshold": {"threshold": 0.01},
+}
+# Sampled runs (also repeated unsharded by the test): a small threshold tree keeps them quick.
+SAMPLED_OPTIONS = {**OPTIONS, "dyspec-threshold": {"threshold": 0.01, "max_nodes": 24}}
+
+
+def main(model_dir: str, out_dir: str) -> None:
+    torch.set_num_threads(1)  # here, not at import: the test module imports the constants above
+    rank = int(os.environ["RANK"])
+    # = from_pretrained(model_dir, tp_plan="auto"), the older spelling
+    target = AutoModelForCausalLM.from_pretrained(model_dir, distributed_config=DistributedConfig(tp_plan="auto")).eval()
+    draft = perturbed(tiny_model("llama", 0, max_positions=256))
+    ids = torch.tensor([PROMPT])
+
+    def run(strategy: str, **kw: object) -> list[int]:
+        opts = SAMPLED_OPTIONS if kw.get("temperature") else OPTIONS
+        out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=NEW, eos_token_id=[],
+                                **opts[strategy], **kw)
+        return out.sequences[0].tolist()
+
+    res: dict[str, object] = {"sharded": distributed.is_sharded(target)}
+    for strategy in OPTIONS:
+        res[f"greedy/{strategy}"] = run(strategy)
+        res[f"sampled/{strategy}"] = run(strategy, temperature=TEMPERATURE, seed=SEED)
+    res["greedy-static/dynatree"] = run("dynatree", engine="static")
+    # No seed and different global streams per rank: DySpec used to draw different children on
+    # each rank and hang; the ranks must now share rank 0's stream.
+    torch.manual_seed(100 + rank)
+    res["unseeded/dyspec"] = run("dyspec")
+    res["unseeded-sampled/dyspec"] = run("dyspec", temperature=TEMPERATURE)
+    try:
+        run("autoregressive", cpu_linear=True)
+        res["cpu_linear_true"] = "accepted"
+    except DynaTreeError as err:
+        res["cpu_linear_true"] = str(err)
+    # Mutant: the few-row CPU layout forced onto the sharded target (both guards defeated). The
+    # test requires this to differ from the unsharded output, i.e. that the comparison can fail.
+    distributed.resolve_cpu_linear = lambda model, cpu_linear: None
+    distributed.layout_allowed = lambda model: True
+    res["mutant-cpu-linear/autoregressive"] = run("autoregressive")
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
