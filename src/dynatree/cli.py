@@ -106,6 +106,7 @@ def generate(
     import torch
 
     from . import models
+    from .devices import check_device
     from .engine import generate as run
     from .policies import make_policy
     from .streaming import StreamingConfig
@@ -119,6 +120,7 @@ def generate(
     if kv_window is not None:
         StreamingConfig(kv_window, kv_sinks)
     torch_dtype = models.parse_dtype(dtype)
+    check_device(device, torch_dtype, compile=compile)  # before loading anything
     tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
     dmodel = None
     if policy.uses_draft:
