@@ -461,9 +461,10 @@ def e2e_models(plan: Plan, gguf: str | None, draft: str) -> tuple[torch.nn.Modul
         return target.to(plan.dtype), dmodel.to(plan.dtype), prompts, "tiny-llama"
     from dynatree import models
     from dynatree.bench.datasets import load_prompt_ids
+    from dynatree.errors import DynaTreeError
 
     if gguf is None:
-        raise SystemExit("e2e needs --gguf PATH (the SmolLM2-135M-Instruct GGUF; see benchmarks/gpu/README.md)")
+        raise DynaTreeError("e2e needs --gguf PATH (the SmolLM2-135M-Instruct GGUF; see benchmarks/gpu/README.md)")
     target, tok = models.load_gguf(Path(gguf), dtype=plan.dtype, device=plan.device)
     dmodel = models.resolve_draft(draft, target, dtype=plan.dtype, device=plan.device)
     dataset = "licenses" if Path("/usr/share/common-licenses").is_dir() else "pydoc"
@@ -657,9 +658,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DynaTreeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    threads = torch.get_num_threads()
     if plan.smoke:  # tiny matrices: one thread is fastest, and the test machine may be busy
         torch.set_num_threads(1)
-    out = Path(a.out)
+    try:
+        return run_sections(plan, sections, Path(a.out), a.gguf, a.draft)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_sections(plan: Plan, sections: Sequence[str], out: Path, gguf: str | None, draft: str) -> int:
+    """Run the sections in order; a failing one becomes an error row and the others still run."""
     sink = Sink(out / "costs.jsonl", device_name(plan.device))
     bandwidth = None
     failed = 0
@@ -677,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 elif sec == "kernel_in_model":
                     section_kernel_in_model(plan, sink)
                 elif sec == "e2e":
-                    section_e2e(plan, sink, out, a.gguf, a.draft)
+                    section_e2e(plan, sink, out, gguf, draft)
                 elif sec == "report":
                     section_report(out)
             except Exception as exc:  # keep the other sections' numbers; the error is a row too
