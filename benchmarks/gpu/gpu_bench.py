@@ -443,8 +443,10 @@ def e2e_specs() -> str:
     return ",".join(specs)
 
 
-def e2e_models(plan: Plan, gguf: str | None, draft: str) -> tuple[torch.nn.Module, torch.nn.Module, list[list[int]], str]:
-    """(target, draft, prompt ids, target name): the offline pair on the GPU, tiny Llamas in the smoke run."""
+def e2e_models(plan: Plan, gguf: str | None, draft: str
+               ) -> tuple[torch.nn.Module, torch.nn.Module, list[list[int]], str, str]:
+    """(target, draft, prompt ids, target name, draft name): the offline pair on the GPU, tiny Llamas
+    in the smoke run."""
     if plan.smoke:
         torch.manual_seed(0)
         cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -458,7 +460,7 @@ def e2e_models(plan: Plan, gguf: str | None, draft: str) -> tuple[torch.nn.Modul
                 p.copy_(q + 0.03 * q.std() * torch.randn_like(q) if q.numel() > 1 else q)
         g = torch.Generator().manual_seed(1)
         prompts = [torch.randint(2, 128, (plan.e2e_prompt_tokens,), generator=g).tolist() for _ in range(plan.e2e_prompts)]
-        return target.to(plan.dtype), dmodel.to(plan.dtype), prompts, "tiny-llama"
+        return target.to(plan.dtype), dmodel.to(plan.dtype), prompts, "tiny-llama", "tiny-llama-perturbed"
     from dynatree import models
     from dynatree.bench.datasets import load_prompt_ids
     from dynatree.errors import DynaTreeError
@@ -469,7 +471,7 @@ def e2e_models(plan: Plan, gguf: str | None, draft: str) -> tuple[torch.nn.Modul
     dmodel = models.resolve_draft(draft, target, dtype=plan.dtype, device=plan.device)
     dataset = "licenses" if Path("/usr/share/common-licenses").is_dir() else "pydoc"
     prompts = load_prompt_ids(dataset, tok, plan.e2e_prompts, plan.e2e_prompt_tokens)
-    return target, dmodel, prompts, f"smollm2-135m ({Path(gguf).name})"
+    return target, dmodel, prompts, f"smollm2-135m ({Path(gguf).name})", draft
 
 
 def section_e2e(plan: Plan, sink: Sink, out_dir: Path, gguf: str | None, draft_spec: str) -> None:
@@ -480,10 +482,10 @@ def section_e2e(plan: Plan, sink: Sink, out_dir: Path, gguf: str | None, draft_s
     from dynatree.bench.specs import parse_strategies
     from dynatree.bench.store import ResultsWriter
 
-    target, draft, ids, target_name = e2e_models(plan, gguf, draft_spec)
+    target, draft, ids, target_name, draft_name = e2e_models(plan, gguf, draft_spec)
     prompts = [Prompt(id=f"e2e:{i}", ids=tuple(p[: plan.e2e_prompt_tokens])) for i, p in enumerate(ids)]
     specs = parse_strategies(e2e_specs())
-    settings = BenchSettings(target=target_name, draft=draft_spec, dataset="licenses/pydoc" if not plan.smoke else "random",
+    settings = BenchSettings(target=target_name, draft=draft_name, dataset="licenses/pydoc" if not plan.smoke else "random",
                              max_new_tokens=plan.e2e_new_tokens, max_prompt_tokens=plan.e2e_prompt_tokens,
                              dtype=str(plan.dtype).removeprefix("torch."), device=str(plan.device),
                              threads=torch.get_num_threads(), eos_token_id=(), buckets=plan.e2e_buckets,
@@ -658,6 +660,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DynaTreeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if plan.device.type == "cuda" and plan.device.index is not None:
+        torch.cuda.set_device(plan.device)  # so that synchronize() waits for the right GPU
     threads = torch.get_num_threads()
     if plan.smoke:  # tiny matrices: one thread is fastest, and the test machine may be busy
         torch.set_num_threads(1)
