@@ -97,10 +97,10 @@ def test_library_loading_refuses_a_missing_gpu(no_cuda) -> None:
 
 
 def test_static_engine_refuses_compile_without_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiny import tiny_model
     from torch._inductor import config
 
     from dynatree.cache import StaticCachedModel
-    from tiny import tiny_model
 
     monkeypatch.setattr(config.cpp, "cxx", ("/nonexistent/g++",))
     with pytest.raises(DynaTreeError, match="C\\+\\+ compiler"):

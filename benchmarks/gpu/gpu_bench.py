@@ -50,37 +50,42 @@ import sys
 if "--smoke" in sys.argv:  # Triton reads this when first imported (transformers may import it)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator, Sequence  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-import torch  # noqa: E402
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
+import torch
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from dynatree.cache import CachedModel, StaticCachedModel  # noqa: E402
-from dynatree.devices import check_device  # noqa: E402
-from dynatree.tree import TokenTree, TreeBuilder, ancestor_matrix, dfs_order  # noqa: E402
-from dynatree.verify import tree_forward  # noqa: E402
+from dynatree.cache import CachedModel, StaticCachedModel
+from dynatree.devices import check_device
+from dynatree.tree import TokenTree, TreeBuilder, ancestor_matrix, dfs_order
+from dynatree.verify import tree_forward
 
 PYTHIA = {
-    "pythia-2.8b": dict(hidden_size=2560, num_hidden_layers=32, num_attention_heads=32, intermediate_size=10240,
-                        vocab_size=50304),
-    "pythia-70m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=2048,
-                       vocab_size=50304),
+    "pythia-2.8b": {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 10240,
+                        "vocab_size": 50304},
+    "pythia-70m": {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048,
+                       "vocab_size": 50304},
 }
 TINY = {
-    "tiny-target": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                        vocab_size=128),
-    "tiny-draft": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                       vocab_size=128),
+    "tiny-target": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+                        "vocab_size": 128},
+    "tiny-draft": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                       "vocab_size": 128},
 }
 # Every strategy, sized to fit the static buckets below (a tree of n drafted nodes is n + 1 rows).
 E2E_DRAFTING = ("linear:k=4@linear-4", "fixed:max_nodes=127@fixed", "dynatree@dynatree", "dyspec@dyspec",
@@ -304,10 +309,10 @@ def section_env(plan: Plan, sink: Sink) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(plan.device)
         clock, bus = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
         nominal = 2 * clock * 1e3 * bus / 8 if clock and bus else None  # kHz, bits, double data rate
-    row = dict(section="env", torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,
-               triton=triton_version, dtype=str(plan.dtype).removeprefix("torch."), smoke=plan.smoke,
-               copy_bytes=n, copy_GBps=round(2 * n / (copy_ms / 1e3) / 1e9, 1),
-               nominal_GBps=round(nominal / 1e9, 1) if nominal else None)
+    row = {"section": "env", "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+               "triton": triton_version, "dtype": str(plan.dtype).removeprefix("torch."), "smoke": plan.smoke,
+               "copy_bytes": n, "copy_GBps": round(2 * n / (copy_ms / 1e3) / 1e9, 1),
+               "nominal_GBps": round(nominal / 1e9, 1) if nominal else None}
     sink.emit(**row)
     return row
 
@@ -327,7 +332,7 @@ def section_costs(plan: Plan, sink: Sink, bandwidth_GBps: float) -> None:
             for n in run_sizes:
                 tree = bushy_tree(n)
 
-                def step() -> None:
+                def step(kv: CachedModel = kv, tree: TokenTree = tree) -> None:
                     tree_forward(kv, tree)
                     kv.compact(plan.prefix, [])
 
@@ -396,8 +401,12 @@ def section_kernel(plan: Plan, sink: Sink, trees_path: Path) -> None:
             mask[:, plan.prefix:] = tree_mask
             mask = mask.to(plan.device)
             add = torch.zeros(n, keys, device=plan.device, dtype=plan.dtype).masked_fill(~mask, float("-inf"))
-            sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=add)  # noqa: E731
-            kern = lambda: tree_attention(q, k, v, mask)  # noqa: E731
+            def sdpa(q=q, k=k, v=v, add=add) -> torch.Tensor:
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=add)
+
+            def kern(q=q, k=k, v=v, mask=mask) -> torch.Tensor:
+                return tree_attention(q, k, v, mask)
+
             err = (kern().float() - sdpa().float()).abs().max().item()
             sdpa_ms, kern_ms = median_ms(plan, sdpa), median_ms(plan, kern)
             sink.emit(section="kernel", tree=source, nodes=n, depth=t.max_depth, prefix=plan.prefix, heads=heads,
@@ -423,7 +432,7 @@ def section_kernel_in_model(plan: Plan, sink: Sink) -> None:
                     kv.prefill(list(range(2, plan.prefix + 2)))
                     tree = bushy_tree(n)
 
-                    def step() -> None:
+                    def step(kv: CachedModel = kv, tree: TokenTree = tree, order: str = order) -> None:
                         tree_forward(kv, tree, order)
                         kv.compact(plan.prefix, [])
 
@@ -567,9 +576,9 @@ def section_report(out_dir: Path) -> None:
     env = [r for r in rows if r["section"] == "env" and "error" not in r]
     if env:
         e = env[-1]
-        md += [f"torch {e['torch']}, CUDA {e['cuda']}, transformers {e['transformers']}, triton {e['triton']}, "
-               f"{e['dtype']}. Copy bandwidth measured {e['copy_GBps']} GB/s (read + write); nominal "
-               f"{e['nominal_GBps']} GB/s.", ""]
+        md += [(f"torch {e['torch']}, CUDA {e['cuda']}, transformers {e['transformers']}, triton {e['triton']}, "
+                f"{e['dtype']}. Copy bandwidth measured {e['copy_GBps']} GB/s (read + write); nominal "
+                f"{e['nominal_GBps']} GB/s."), ""]
     costs = [r for r in rows if r["section"] == "costs" and "error" not in r]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, role in zip(axes, ("target", "draft")):
@@ -693,7 +702,7 @@ def run_sections(plan: Plan, sections: Sequence[str], out: Path, gguf: str | Non
                     section_e2e(plan, sink, out, gguf, draft)
                 elif sec == "report":
                     section_report(out)
-            except Exception as exc:  # keep the other sections' numbers; the error is a row too
+            except Exception as exc:  # noqa: BLE001 -- keep the other sections' numbers; the error is a row too
                 failed += 1
                 sink.emit(section=sec, error=f"{type(exc).__name__}: {exc}"[:500])
                 import traceback

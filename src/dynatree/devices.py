@@ -92,7 +92,7 @@ def check_dtype(dev: torch.device, dtype: torch.dtype) -> None:
         ) from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_ops(device: str, dtype: torch.dtype) -> None:
     """Run a linear layer, a softmax and masked SDPA on a few elements (cached: once per pair)."""
     x = torch.ones(2, 8, dtype=dtype, device=device)
@@ -117,7 +117,7 @@ def check_compiler(dev: torch.device) -> None:
 
         try:
             cpp_builder.get_cpp_compiler()
-        except Exception as exc:  # inductor's InvalidCxxCompiler (and whatever a broken search raises)
+        except Exception as exc:  # noqa: BLE001 -- inductor's InvalidCxxCompiler (and whatever a broken search raises)
             raise DynaTreeError(
                 f"--compile on cpu needs a working C++ compiler for torch inductor ({type(exc).__name__}: "
                 "none of torch._inductor.config.cpp.cxx runs); install one (e.g. apt install g++) or drop --compile"
