@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from . import distributed
+from .devices import check_compiler
 from .errors import DynaTreeError
 from .kernels.cpu_linear import SmallBatchLinear
 
@@ -191,6 +192,7 @@ class StaticCachedModel(CachedModel):
         self._hidden = self.plain_head()
         self._step = self._raw_step
         if compile:
+            check_compiler(self.device)  # a one-line error, not an inductor traceback on the first call
             # One graph per (model, bucket): more than dynamo's default of 8 recompiles per code
             # object once target and draft share this method.
             limit = 4 * len(self.buckets)

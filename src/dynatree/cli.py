@@ -111,6 +111,7 @@ def generate(
     import torch
 
     from . import models
+    from .devices import check_device
     from .engine import generate as run
     from .policies import make_policy
     from .streaming import StreamingConfig
@@ -130,6 +131,7 @@ def generate(
         tmodel, dmodel, tok, _ = load_tp_pair(target, draft, policy.uses_draft, torch_dtype, allow_vocab_mismatch)
         device = str(tmodel.device)
     else:
+        check_device(device, torch_dtype, compile=compile)  # before loading anything
         tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
         dmodel = None
     if policy.uses_draft and not tp:

@@ -42,6 +42,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from dynatree.devices import check_device
 from dynatree.errors import DynaTreeError
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -215,6 +216,7 @@ def load_gguf(
     The first call always reloads from the fresh cache too, so the first and later loads return
     bit-identical models.
     """
+    check_device(device, dtype)  # before a conversion that would be wasted
     cached = _ensure_gguf_cache(Path(gguf_path).expanduser(), cache_root)
     return _load_pretrained(str(cached), dtype=dtype, device=device, attn_implementation=attn_implementation)
 
@@ -302,6 +304,7 @@ def load_model(
 
     Local ``.gguf`` files go through the same dequantize-and-cache path as the default target.
     """
+    check_device(device, dtype)
     source = _resolve(name_or_path)
     if source.kind == "distilled-draft":
         raise DynaTreeError(
