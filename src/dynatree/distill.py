@@ -610,7 +610,7 @@ def distill_cli(
     cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
                         seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
                         eval_sequences=eval_sequences, seed=seed, corpora=corpora)
-    model, tokenizer = load_model(target, device=device)
+    model, tokenizer = load_model(target, device=device)  # checks the device first (one-line errors)
     final = distill(model, tokenizer, out_dir=out, config=cfg, target_name=target,
                     resume=resume, progress=progress)
     metrics = json.loads((final / "metrics.json").read_text())["eval"]
