@@ -17,8 +17,8 @@ layers full-length cache layers instead and let the mask do the windowing. Memor
 layer holds every token of the run instead of ``W``, i.e. the cache is as large as if every layer
 were a full-attention layer (Gemma 3 with 5 of 6 layers sliding at W = 512 or 1024: the KV
 memory of a run of ``T`` tokens grows from about ``(T + 5 W) / 6`` to ``T`` rows per layer
-once ``T`` exceeds ``W``). Attention compute per token is unchanged in FLOPs actually used by
-the mask, but the masked-out keys are still read by SDPA/eager attention.
+once ``T`` exceeds ``W``). Attention time grows likewise: SDPA/eager attention still reads the
+keys the window masks out.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout | None:
     if other:
         raise DynaTreeError(
             f"{name} has {other[0]!r} layers; tree speculative decoding here supports full and sliding-window "
-            "attention layers only (a tree mask cannot express chunked, recurrent or shared-KV layers)"
+            "attention layers only (chunked, recurrent and shared-KV layers are not handled)"
         )
     if SLIDING not in types:
         return None
