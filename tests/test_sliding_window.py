@@ -1,7 +1,7 @@
 """Sliding-window and hybrid-attention targets (Mistral, Gemma 3, Qwen2 with a window) are exact.
 
-Tiny random targets with a window of 6 positions generate 32 tokens after a 7-token prompt, so the
-window slides about six times during every run. Mistral slides on every layer, Gemma 3 interleaves
+Tiny random targets with a window of 6 positions generate 24 tokens after a 6-token prompt, so the
+window slides four times over during every run. Mistral slides on every layer, Gemma 3 interleaves
 sliding and full layers through ``layer_types`` and Qwen2 slides above ``max_window_layers``.
 Every strategy is checked against HF ``generate(do_sample=False)`` greedily on both engines and
 through the sampling verifier (at ``top_k=1`` the target distribution is a point mass, so lossless
@@ -35,7 +35,7 @@ OPTIONS: dict[str, dict] = {
     "dyspec": {"max_nodes": 16},
     "dyspec-threshold": {"threshold": 0.01, "max_nodes": 16},
 }
-PROMPT, NEW = 7, 32
+PROMPT, NEW = 6, 24
 
 
 @functools.lru_cache(maxsize=None)
