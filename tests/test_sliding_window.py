@@ -38,6 +38,16 @@ OPTIONS: dict[str, dict] = {
 PROMPT, NEW = 6, 24
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Hidden size 32 gains nothing from intra-op threads; on a shared 2-core machine a second
+    OpenMP thread only spin-waits (this file took 4 min with 2 threads, 45 s with 1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @functools.lru_cache(maxsize=None)
 def models(arch: str, window: int = 6) -> tuple[torch.nn.Module, torch.nn.Module]:
     target = window_model(arch, window=window)
