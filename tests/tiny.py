@@ -11,17 +11,24 @@ import copy
 
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     GPTNeoXConfig,
     GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
 
 ARCHS = ("llama", "gpt2", "neox", "qwen2")
+#: Sliding-window targets: every layer (Mistral), interleaved with full layers through
+#: ``layer_types`` (Gemma 3), and Qwen2's ``use_sliding_window`` above ``max_window_layers``.
+WINDOW_ARCHS = ("mistral", "gemma3", "qwen2-sw")
 VOCAB = 96
 
 
@@ -42,9 +49,34 @@ def tiny_model(arch: str, seed: int = 0, *, vocab: int = VOCAB, attn: str = "sdp
         cfg = GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
                             max_position_embeddings=max_positions, rotary_pct=0.5, **common)
         cls = GPTNeoXForCausalLM
+    elif arch in WINDOW_ARCHS:
+        return window_model(arch, seed, vocab=vocab, attn=attn, init=init, max_positions=max_positions)
     elif arch == "gpt2":
         cfg = GPT2Config(n_embd=32, n_layer=layers, n_head=4, n_positions=max_positions, **common)
         cls = GPT2LMHeadModel
+    else:
+        raise ValueError(arch)
+    cfg._attn_implementation = attn
+    return cls(cfg).eval()
+
+
+def window_model(arch: str, seed: int = 0, *, window: int = 6, vocab: int = VOCAB, attn: str = "sdpa",
+                 init: float = 0.5, max_positions: int = 1024) -> torch.nn.Module:
+    """A tiny sliding-window target whose ``window`` is far shorter than the texts the tests generate."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, initializer_range=init, bos_token_id=0, eos_token_id=1, pad_token_id=0,
+                  hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=max_positions, sliding_window=window)
+    if arch == "mistral":
+        cfg, cls = MistralConfig(num_hidden_layers=2, **common), MistralForCausalLM
+    elif arch == "gemma3":
+        cfg = Gemma3TextConfig(num_hidden_layers=4, head_dim=8, query_pre_attn_scalar=8, tie_word_embeddings=False,
+                               layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                            "sliding_attention"], **common)
+        cls = Gemma3ForCausalLM
+    elif arch == "qwen2-sw":
+        cfg = Qwen2Config(num_hidden_layers=3, use_sliding_window=True, max_window_layers=1, **common)
+        cls = Qwen2ForCausalLM
     else:
         raise ValueError(arch)
     cfg._attn_implementation = attn

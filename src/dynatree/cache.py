@@ -14,17 +14,25 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
 from . import distributed
 from .devices import check_compiler
 from .errors import DynaTreeError
 from .kernels.cpu_linear import SmallBatchLinear
+from .window import AttentionLayout, attention_layout, layer_masks
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """A fresh dynamic cache for ``model``; refuses layer types we cannot compact safely."""
+    """A fresh dynamic cache for ``model``; refuses layer types we cannot compact safely.
+
+    Sliding-window layers get full-length layers: the window is applied by the mask
+    (:mod:`dynatree.window`), since HF's sliding layers drop and roll rows.
+    """
+    layout = attention_layout(model)
     cache = DynamicCache(config=getattr(model, "config", None))
+    if layout is not None:
+        cache.layers = [DynamicLayer() if type(x) is DynamicSlidingWindowLayer else x for x in cache.layers]
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
             raise DynaTreeError(
@@ -77,6 +85,9 @@ class CachedModel:
         self.device, self.dtype = param.device, param.dtype
         self.cache = new_cache(model)
         self.calls = 0
+        # Sliding-window layers (None: all full attention): their masks need each cache row's position.
+        self.layout: AttentionLayout | None = attention_layout(model)
+        self.pos = torch.zeros(0, dtype=torch.long)
         # kernels/cpu_linear.py: few-row linear layers as (W @ x.T).T on CPU; never on sharded weights
         self.cpu_linear = cpu_linear and self.device.type == "cpu" and distributed.layout_allowed(model)
 
@@ -108,22 +119,40 @@ class CachedModel:
         last_only: bool = False,
     ) -> torch.Tensor:
         """Run ``tokens`` at ``positions``; returns float logits ``[q, V]`` (``[1, V]`` if last_only)."""
-        from .tree import attention_mask
-
         self.calls += 1
         with self._layout():
             out = self.model(
                 input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
-                attention_mask=attention_mask(visible, since, self.dtype, self.device),
+                attention_mask=self._mask(visible, since, positions),
                 position_ids=positions.view(1, -1).to(self.device),
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=1 if last_only else 0,
             )
+        self._track(positions)
         return out.logits[0, :, : self.vocab_size].float()
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         compact(self.cache, start, keep)
+        if self.layout is not None:
+            self.pos = torch.cat([self.pos[:start], self.pos[torch.as_tensor(keep, dtype=torch.long)]])
+
+    def _mask(self, visible: torch.Tensor, since: int, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The call's additive mask; per layer type (sliding windows applied) for sliding-window models."""
+        from .tree import attention_mask
+
+        if self.layout is None:
+            return attention_mask(visible, since, self.dtype, self.device)
+        q = visible.shape[0]
+        allowed = torch.ones(q, since + visible.shape[1], dtype=torch.bool)
+        allowed[:, since:] = visible
+        key_pos = torch.cat([self.pos, positions.flatten().cpu()])
+        return layer_masks(allowed, positions.flatten().cpu(), key_pos, self.layout, self.dtype, self.device)
+
+    def _track(self, positions: torch.Tensor) -> None:
+        """Remember the positions of the rows just cached (a sliding window is a span of positions)."""
+        if self.layout is not None:
+            self.pos = torch.cat([self.pos, positions.flatten().cpu()])
 
     @property
     def head(self) -> torch.nn.Module:
@@ -143,17 +172,16 @@ class CachedModel:
     def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                        since: int) -> torch.Tensor:
         """Like :meth:`forward` but stops before the LM head: final hidden states ``[q, H]``."""
-        from .tree import attention_mask
-
         self.calls += 1
         with self._layout():
             out = self.model.base_model(
                 input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
-                attention_mask=attention_mask(visible, since, self.dtype, self.device),
+                attention_mask=self._mask(visible, since, positions),
                 position_ids=positions.view(1, -1).to(self.device),
                 past_key_values=self.cache,
                 use_cache=True,
             )
+        self._track(positions)
         return out.last_hidden_state[0]
 
 
@@ -186,6 +214,10 @@ class StaticCachedModel(CachedModel):
         self.buckets = tuple(sorted(buckets)) if buckets else self.BUCKETS
         self.capacity = capacity + self.buckets[-1]  # room for the padding of the last call
         self.cache = StaticCache(config=model.config, max_cache_len=self.capacity)
+        if self.layout is not None:  # full-length rows; the mask applies the window (see dynatree.window)
+            self.cache.layers = [StaticLayer(max_cache_len=self.capacity) if type(x) is StaticSlidingWindowLayer else x
+                                 for x in self.cache.layers]
+            self.pos = torch.zeros(self.capacity, dtype=torch.long)
         self._length = 0
         # The compiled step stops before the LM head when the head is a plain Linear: the head is
         # then applied to the real rows only (not the bucket's padding), or lazily per tree node.
@@ -204,8 +236,10 @@ class StaticCachedModel(CachedModel):
             # is_initialized == False and be traced again on the next call, and the cache tensors
             # are only marked as static addresses (CUDA graphs) outside compilation.
             device = next(model.parameters()).device
-            self._raw_step(torch.zeros(1, 1, dtype=torch.long, device=device),
-                           torch.zeros(1, 1, 1, self.capacity, dtype=self.dtype, device=device),
+            mask = torch.zeros(1, 1, 1, self.capacity, dtype=self.dtype, device=device)
+            if self.layout is not None and self.layout.mixed:
+                mask = {t: mask for t in set(self.layout.types)}
+            self._raw_step(torch.zeros(1, 1, dtype=torch.long, device=device), mask,
                            torch.zeros(1, 1, dtype=torch.long, device=device))
             self._set_length(0)
 
@@ -236,7 +270,7 @@ class StaticCachedModel(CachedModel):
         self._set_length(0)
         self.calls = 0
 
-    def _raw_step(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _raw_step(self, ids: torch.Tensor, mask: torch.Tensor | dict[str, torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
         with self._layout():
             if self._hidden:
                 return self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos,
@@ -292,8 +326,14 @@ class StaticCachedModel(CachedModel):
         allowed[:q, since : length + q] = visible
         pad = torch.arange(q, bucket)
         allowed[pad, length + pad] = True  # padding rows see only themselves (no NaN rows)
-        mask = torch.zeros(bucket, self.capacity, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        out = step(ids.to(self.device), mask.view(1, 1, bucket, -1).to(self.device), pos.to(self.device))
+        if self.layout is None:
+            mask = torch.zeros(bucket, self.capacity, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            mask = mask.view(1, 1, bucket, -1).to(self.device)
+        else:
+            # Rows past length + bucket are masked anyway; the padding rows sit at their queries' positions.
+            self.pos[length : length + bucket] = pos[0]
+            mask = layer_masks(allowed, pos[0], self.pos, self.layout, self.dtype, self.device)
+        out = step(ids.to(self.device), mask, pos.to(self.device))
         self._set_length(length + q)
         rows = out[0, q - 1 : q] if last_only else out[0, :q]
         # clone: a CUDA-graph replay reuses its output buffer on the next call
@@ -308,4 +348,6 @@ class StaticCachedModel(CachedModel):
                     idx = keep_t.to(layer.keys.device)
                     layer.keys[..., start : start + k, :] = layer.keys[..., idx, :]
                     layer.values[..., start : start + k, :] = layer.values[..., idx, :]
+            if self.layout is not None:
+                self.pos[start : start + k] = self.pos[keep_t]
         self._set_length(start + k)

@@ -31,6 +31,7 @@ import torch
 
 from .cache import CachedModel, compact
 from .errors import DynaTreeError
+from .window import attention_layout
 
 #: Architectures whose rotary embedding is ``x * cos + rotate_half(x) * sin`` on the first dims.
 ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")
@@ -79,6 +80,14 @@ class Rope:
 
 def find_rope(model: torch.nn.Module) -> Rope:
     """The model's rotary embedding, or a one-line error saying why eviction cannot move its keys."""
+    layout = attention_layout(model)
+    if layout is not None:
+        # Eviction moves rows and re-rotates sink copies behind the cache's back; the per-position
+        # window masks of dynatree.window would then be built over the wrong rows.
+        raise DynaTreeError(
+            f"KV eviction (kv_window) cannot be combined with sliding-window attention ({type(model).__name__}: "
+            f"{layout.describe()}); the model's own window already bounds attention, run it without kv_window"
+        )
     kind = getattr(getattr(model, "config", None), "model_type", None)
     if kind not in ROPE_MODEL_TYPES:
         raise DynaTreeError(
