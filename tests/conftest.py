@@ -5,3 +5,8 @@ import os
 # Tests run on CPU: the Triton kernel is checked with Triton's interpreter. Triton reads this
 # variable when it is first imported (transformers may import it early), so set it here.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The test models are tiny: a second torch thread only waits at each op's barrier, and on a busy
+# 2-core machine it spin-waits against other processes (a test file measured 4 min with 2 threads,
+# 28 s with 1). So the suite runs single-threaded, the subprocesses it starts included.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
