@@ -5,3 +5,8 @@ import os
 # Tests run on CPU: the Triton kernel is checked with Triton's interpreter. Triton reads this
 # variable when it is first imported (transformers may import it early), so set it here.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The measured tree budget (dynatree.costmodel) would time the tiny test models on the real clock
+# and write profiles to the user's cache dir: off for the suite; tests/test_costmodel.py switches
+# it on per test with fake profiles and a temporary folder.
+os.environ["DYNATREE_COST_MODEL"] = "off"

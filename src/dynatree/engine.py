@@ -12,6 +12,7 @@ child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run r
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -158,6 +159,11 @@ def generate(
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
+        if streaming is None and getattr(policy, "wants_cost_model", lambda: False)():
+            from .costmodel import profile_for  # the tree budget from the measured verify cost
+
+            policy.use_cost_model(profile_for(target_kv, target, engine, compile, lazy_head, buckets,
+                                              static["cpu_linear"], log=notice))
         return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
                        stop_text, lazy_head)
 
@@ -311,7 +317,8 @@ def _decode(
                 policy_state=policy.state(),
             )
         )
-        policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path)))
+        policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path),
+                                     overhead_ms=1e3 * (t1 - t0 + t3 - t2)))
         if new[-1] in stop or hit:
             break
 
@@ -319,6 +326,11 @@ def _decode(
     stats.t_total = clock() - start
     sequences = torch.tensor([prompt + out], dtype=torch.long)
     return GenerationResult(sequences=sequences, stats=stats)
+
+
+def notice(message: str) -> None:
+    """A one-line progress notice on stderr for slow one-time work (profiling, compiling)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 class StopText:
