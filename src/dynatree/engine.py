@@ -47,8 +47,8 @@ def generate(
     draft_temperature: float = DRAFT_TEMPERATURE,
     truncate_prompt: bool = False,
     allow_vocab_mismatch: bool = False,
-    engine: str = "hf",
-    compile: bool | str = False,
+    engine: str = "auto",
+    compile: bool | str | None = None,
     buckets: Sequence[int] | None = None,
     tree_order: str = "bfs",
     stop_strings: str | Sequence[str] | None = None,
@@ -82,11 +82,13 @@ def generate(
         truncate_prompt: left-truncate a prompt that would run past the models' maximum positions.
         allow_vocab_mismatch: skip the draft/target vocabulary-size check (draft logits are cut to
             the target's vocabulary).
-        engine: ``"hf"`` (dynamic HF cache, any tree size) or ``"static"`` (pre-allocated cache,
-            tree sizes padded to buckets of up to 256 nodes; what ``compile`` needs).
+        engine: ``"auto"`` (default: see :func:`resolve_engine`), ``"hf"`` (dynamic HF cache, any
+            tree size) or ``"static"`` (pre-allocated cache, tree sizes padded to buckets of up to
+            256 nodes; what ``compile`` needs).
         compile: ``torch.compile`` the static engine's model calls (one graph per bucket). True
             picks ``mode="reduce-overhead"`` (CUDA graphs) on GPU and the default mode on CPU; a
-            string is passed as the mode. Compiled engines are kept per model and reused.
+            string is passed as the mode. Compiled engines are kept per model and reused. None:
+            decided with ``engine="auto"``, off otherwise.
         buckets: query-count buckets of the static engine (default 1, 2, 4, ..., 256): fewer
             buckets mean fewer compiled graphs, more padding.
         stop_strings: stop once the generated text contains one of these (the token completing it
@@ -138,8 +140,7 @@ def generate(
         if any(not isinstance(x, str) or not x for x in stop_strings):
             raise DynaTreeError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
     stop_text = StopText(tokenizer, list(stop_strings)) if stop_strings else None
-    if engine not in ("hf", "static"):
-        raise DynaTreeError(f"unknown engine '{engine}': must be 'hf' or 'static'")
+    engine, compile, buckets = resolve_engine(target, engine, compile, buckets, kv_window)
     if compile and engine != "static":
         raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
     if tree_order not in ("bfs", "dfs"):
@@ -166,6 +167,49 @@ def generate(
                                               static["cpu_linear"], log=notice))
         return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
                        stop_text, lazy_head)
+
+
+# "auto" compiles only models at least this big: compiling takes tens of seconds on a CPU and
+# saves a roughly fixed Python/dispatch overhead per layer call, which only a real model's run of a
+# few hundred tokens pays back (tiny test models would only wait for the compiler).
+AUTO_COMPILE_MIN_PARAMS = 20_000_000
+# A CPU's trees stay small (the cost model rarely picks more than a few nodes): buckets up to 32
+# rows cover every tree the cost profile can choose and halve the graphs to compile.
+CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool | str | None = None,
+                   buckets: Sequence[int] | None = None, kv_window: int | None = None
+                   ) -> tuple[str, bool | str, Sequence[int] | None]:
+    """``generate``'s engine arguments with ``"auto"``/None decided: the fastest exact configuration.
+
+    ``"auto"`` picks the compiled static engine for a real model (>= ``AUTO_COMPILE_MIN_PARAMS``
+    parameters) when torch.compile is usable, with buckets up to 32 rows on a CPU; otherwise, or
+    with ``compile=False``, with KV eviction (dynamic cache only) or a tiny model, the eager hf
+    engine. Explicit engines are kept; their ``compile=None`` means off.
+    """
+    if engine not in ("auto", "hf", "static"):
+        raise DynaTreeError(f"unknown engine '{engine}': must be 'auto', 'hf' or 'static'")
+    if engine != "auto":
+        return engine, bool(compile) if compile is None else compile, buckets
+    big = sum(p.numel() for p in target.parameters()) >= AUTO_COMPILE_MIN_PARAMS
+    if compile is False or kv_window is not None or (compile is None and not (big and _can_compile())):
+        return "hf", False, buckets
+    device = next(target.parameters()).device.type
+    if buckets is None and device == "cpu":
+        buckets = CPU_AUTO_BUCKETS
+    return "static", True if compile is None else compile, buckets
+
+
+def _can_compile() -> bool:
+    """torch.compile needs a working inductor backend (a C++ compiler on CPU)."""
+    try:
+        import shutil
+
+        from torch._inductor import cpp_builder  # noqa: F401
+        return shutil.which("g++") is not None or shutil.which("c++") is not None or shutil.which("clang++") is not None
+    except Exception:  # noqa: BLE001 - any import problem means "do not auto-compile"
+        return False
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -235,6 +279,9 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     key = (vocab, *static.values())
     kv = pool.get(key)
     if kv is None or kv.capacity - kv.buckets[-1] < capacity:
+        if static["compile"]:
+            notice(f"dynatree: compiling {type(model).__name__} for the static engine (first call in this process; "
+                   "inductor's on-disk cache makes later processes start faster)...")
         kv = StaticCachedModel(model, vocab, capacity, **static)
         pool[key] = kv
     kv.reset()

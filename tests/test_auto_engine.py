@@ -1,0 +1,47 @@
+"""``engine="auto"``: which engine a call with no engine arguments gets, decided without compiling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dynatree
+from dynatree import engine as engine_mod
+from dynatree.engine import CPU_AUTO_BUCKETS, resolve_engine
+from dynatree.errors import DynaTreeError
+from tiny import tiny_model
+
+
+@pytest.fixture
+def model() -> torch.nn.Module:
+    return tiny_model("llama", 0)
+
+
+def test_tiny_model_stays_eager(model) -> None:
+    assert resolve_engine(model) == ("hf", False, None)
+
+
+def test_real_model_gets_compiled_static_with_cpu_buckets(model, monkeypatch) -> None:
+    monkeypatch.setattr(engine_mod, "AUTO_COMPILE_MIN_PARAMS", 1)
+    monkeypatch.setattr(engine_mod, "_can_compile", lambda: True)
+    assert resolve_engine(model) == ("static", True, CPU_AUTO_BUCKETS)
+    assert resolve_engine(model, buckets=(1, 4)) == ("static", True, (1, 4))
+    assert resolve_engine(model, compile=False) == ("hf", False, None)  # --no-compile
+    assert resolve_engine(model, kv_window=64) == ("hf", False, None)  # eviction needs the dynamic cache
+    monkeypatch.setattr(engine_mod, "_can_compile", lambda: False)
+    assert resolve_engine(model) == ("hf", False, None)
+
+
+def test_explicit_engines_are_kept(model) -> None:
+    assert resolve_engine(model, "static") == ("static", False, None)
+    assert resolve_engine(model, "static", True) == ("static", True, None)
+    assert resolve_engine(model, "hf") == ("hf", False, None)
+    with pytest.raises(DynaTreeError, match="unknown engine"):
+        resolve_engine(model, "fast")
+
+
+def test_default_generate_is_exact(model) -> None:
+    ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(0))
+    out = dynatree.generate(model, model, ids, max_new_tokens=12, eos_token_id=[])
+    ref = dynatree.generate(model, None, ids, "autoregressive", engine="hf", max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(out.sequences, ref.sequences)
