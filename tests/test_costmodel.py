@@ -182,3 +182,27 @@ def test_measure_leaves_cache_empty_with_fake_clock(pair) -> None:
         p = costmodel.measure(kv, (1, 2, 4), lazy_head=False, reps=2, clock=lambda: float(next(ticks)))
     assert p.rows == (1, 2, 4) and all(m == 1000.0 for m in p.ms) and not p.stepwise
     assert kv.length == 0
+
+
+def test_bench_records_budget_and_report_plots_profile(pair, tmp_path, monkeypatch) -> None:
+    from dynatree.bench.report import build_report
+    from dynatree.bench.runner import BenchSettings, Prompt, run_bench
+    from dynatree.bench.specs import parse_strategies
+    from dynatree.bench.store import ResultsWriter
+
+    monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "on")
+    monkeypatch.setattr(costmodel, "measure", lambda *a, **k: flat(32))
+    settings = BenchSettings(target="tiny", draft="tiny-perturbed", dataset="random", max_new_tokens=12)
+    prompts = [Prompt("p0", tuple(_ids()[0].tolist()))]
+    specs = parse_strategies("autoregressive,dynatree:tau=0.0@auto,dynatree:tau=0.0:max_nodes=2@pinned")
+    with ResultsWriter(tmp_path / "r.jsonl") as w:
+        out = run_bench(pair[0], pair[1], prompts, specs, settings, writer=w, warmup=0, progress=False)
+    by_label = {r["label"]: r for r in out.rows}
+    auto = by_label["auto"]["stats"]
+    assert auto["cost_profile"] == {"rows": [1, 32], "ms": [10.0, 10.0], "stepwise": False}
+    assert auto["budget"] > 3
+    assert "budget" not in by_label["pinned"]["stats"] and "cost_profile" not in by_label["pinned"]["stats"]
+    rep = build_report(tmp_path / "r.jsonl", tmp_path / "report")
+    assert "Tree budget from the verify-cost profile" in rep.text
+    assert any(f.name.startswith("cost-profile") and f.exists() for f in rep.figures)

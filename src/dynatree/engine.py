@@ -381,15 +381,24 @@ def notice(message: str) -> None:
 
 
 class StopText:
-    """Finds the first new token after which the generated text contains a stop string."""
+    """Finds the first new token after which the generated text contains a stop string.
+
+    Only a tail of the output is decoded with the new tokens: a stop string completed by them
+    starts at most ``len(s) - 1`` characters before, and any earlier occurrence would have stopped
+    an earlier round. Decoding the whole output every round made a long generation quadratic.
+    The tail is generous (4 tokens per character plus 8: byte-level tokens can take up to 4 per
+    character) so a boundary artifact at its start cannot reach the stop string.
+    """
 
     def __init__(self, tokenizer: Any, strings: list[str]) -> None:
         self.tokenizer, self.strings = tokenizer, strings
+        self.tail = 4 * max(len(x) for x in strings) + 8
 
     def cut(self, out: list[int], new: list[int]) -> int:
         """1-based length of ``new`` to keep (0: no stop string completed in this round)."""
+        context = out[-self.tail :]
         for j in range(1, len(new) + 1):
-            text = self.tokenizer.decode(out + new[:j])
+            text = self.tokenizer.decode(context + new[:j])
             if any(s in text for s in self.strings):
                 return j
         return 0
