@@ -45,3 +45,32 @@ def test_default_generate_is_exact(model) -> None:
     out = dynatree.generate(model, model, ids, max_new_tokens=12, eos_token_id=[])
     ref = dynatree.generate(model, None, ids, "autoregressive", engine="hf", max_new_tokens=12, eos_token_id=[])
     assert torch.equal(out.sequences, ref.sequences)
+
+
+class _Tok:
+    """Token ids are characters (mod the tiny vocabulary), enough for the CLI's encode/decode."""
+
+    def __call__(self, text: str, return_tensors: str = "pt"):
+        class Out:
+            input_ids = torch.tensor([[2 + ord(c) % 90 for c in text]])
+
+        return Out()
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(65 + int(i) % 26) for i in ids)
+
+
+def test_cli_compare_prints_both_speeds(model, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from dynatree import models
+    from dynatree.cli import app
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: (model, _Tok()))
+    monkeypatch.setattr(models, "resolve_draft", lambda *a, **k: model)
+    result = CliRunner().invoke(app, ["generate", "--prompt", "hello", "--max-new-tokens", "6", "--compare",
+                                      "-o", "max_nodes=2"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("[compare]"))
+    assert "dynatree" in line and "autoregressive" in line and "x speedup" in line and "same output" in line
+    assert "hf engine" in line  # a tiny model: auto keeps the eager engine
