@@ -21,15 +21,18 @@ def test_tiny_model_stays_eager(model) -> None:
     assert resolve_engine(model) == ("hf", False, None)
 
 
-def test_real_model_gets_compiled_static_with_cpu_buckets(model, monkeypatch) -> None:
-    monkeypatch.setattr(engine_mod, "AUTO_COMPILE_MIN_PARAMS", 1)
+def test_real_model_gets_static_and_compiles_only_with_graphs(model, monkeypatch) -> None:
+    monkeypatch.setattr(engine_mod, "AUTO_MIN_PARAMS", 1)
     monkeypatch.setattr(engine_mod, "_can_compile", lambda: True)
-    assert resolve_engine(model) == ("static", True, CPU_AUTO_BUCKETS)
-    assert resolve_engine(model, buckets=(1, 4)) == ("static", True, (1, 4))
-    assert resolve_engine(model, compile=False) == ("hf", False, None)  # --no-compile
+    assert resolve_engine(model) == ("static", False, CPU_AUTO_BUCKETS)  # CPU, nothing compiled yet
+    assert resolve_engine(model, compile=True) == ("static", True, CPU_AUTO_BUCKETS)
+    assert resolve_engine(model, buckets=(1, 4)) == ("static", False, (1, 4))
     assert resolve_engine(model, kv_window=64) == ("hf", False, None)  # eviction needs the dynamic cache
+    monkeypatch.setattr(engine_mod, "_has_compiled", lambda m: True)
+    assert resolve_engine(model) == ("static", True, CPU_AUTO_BUCKETS)  # graphs exist: free to use
+    assert resolve_engine(model, compile=False) == ("static", False, CPU_AUTO_BUCKETS)  # --no-compile
     monkeypatch.setattr(engine_mod, "_can_compile", lambda: False)
-    assert resolve_engine(model) == ("hf", False, None)
+    assert resolve_engine(model) == ("static", False, CPU_AUTO_BUCKETS)
 
 
 def test_explicit_engines_are_kept(model) -> None:

@@ -169,36 +169,48 @@ def generate(
                        stop_text, lazy_head)
 
 
-# "auto" compiles only models at least this big: compiling takes tens of seconds on a CPU and
-# saves a roughly fixed Python/dispatch overhead per layer call, which only a real model's run of a
-# few hundred tokens pays back (tiny test models would only wait for the compiler).
-AUTO_COMPILE_MIN_PARAMS = 20_000_000
+# "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
+# and compiled graphs save a roughly fixed overhead per layer call that only a real model's steps
+# make worth its set-up (and the test suite's tiny random models keep the plain path).
+AUTO_MIN_PARAMS = 20_000_000
 # A CPU's trees stay small (the cost model rarely picks more than a few nodes): buckets up to 32
-# rows cover every tree the cost profile can choose and halve the graphs to compile.
+# rows cover every tree the CPU cost profile can choose and halve the graphs to compile.
 CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool | str | None = None,
                    buckets: Sequence[int] | None = None, kv_window: int | None = None
                    ) -> tuple[str, bool | str, Sequence[int] | None]:
-    """``generate``'s engine arguments with ``"auto"``/None decided: the fastest exact configuration.
+    """``generate``'s engine arguments with ``"auto"``/None decided: the fastest exact configuration
+    that does not make the call wait minutes for a compiler.
 
-    ``"auto"`` picks the compiled static engine for a real model (>= ``AUTO_COMPILE_MIN_PARAMS``
-    parameters) when torch.compile is usable, with buckets up to 32 rows on a CPU; otherwise, or
-    with ``compile=False``, with KV eviction (dynamic cache only) or a tiny model, the eager hf
-    engine. Explicit engines are kept; their ``compile=None`` means off.
+    ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
+    static engine (buckets up to 32 rows on a CPU), compiled on CUDA, and on a CPU compiled only
+    when this process already holds compiled graphs for the model (a library loop that compiled
+    once, or ``precompile``) or ``compile=True`` asks for it. On the benchmark CPU compiling the
+    pair took minutes even with inductor's on-disk cache warm, while it saves tens of ms per token:
+    a one-shot ``dynatree generate`` of a few hundred tokens would only lose
+    (``benchmarks/cpu/README.md``, session 5). Tiny models, KV eviction (dynamic cache only) or
+    ``compile=False`` on a CPU without graphs: the eager engines. Explicit engines are kept; their
+    ``compile=None`` means off.
     """
     if engine not in ("auto", "hf", "static"):
         raise DynaTreeError(f"unknown engine '{engine}': must be 'auto', 'hf' or 'static'")
     if engine != "auto":
-        return engine, bool(compile) if compile is None else compile, buckets
-    big = sum(p.numel() for p in target.parameters()) >= AUTO_COMPILE_MIN_PARAMS
-    if compile is False or kv_window is not None or (compile is None and not (big and _can_compile())):
-        return "hf", False, buckets
+        return engine, False if compile is None else compile, buckets
+    if kv_window is not None or sum(p.numel() for p in target.parameters()) < AUTO_MIN_PARAMS:
+        return "hf", False if compile is None else compile, buckets
     device = next(target.parameters()).device.type
     if buckets is None and device == "cpu":
         buckets = CPU_AUTO_BUCKETS
-    return "static", True if compile is None else compile, buckets
+    if compile is None:
+        compile = _can_compile() and (device == "cuda" or _has_compiled(target))
+    return "static", compile, buckets
+
+
+def _has_compiled(model: torch.nn.Module) -> bool:
+    """Whether this process already built compiled static graphs for ``model``."""
+    return any(kv._compiled for kv in _STATIC.get(model, {}).values())
 
 
 def _can_compile() -> bool:
