@@ -28,8 +28,8 @@ def test_real_model_gets_static_and_compiles_only_with_graphs(model, monkeypatch
     assert resolve_engine(model, compile=True) == ("static", True, CPU_AUTO_BUCKETS)
     assert resolve_engine(model, buckets=(1, 4)) == ("static", False, (1, 4))
     assert resolve_engine(model, kv_window=64) == ("hf", False, None)  # eviction needs the dynamic cache
-    monkeypatch.setattr(engine_mod, "_has_compiled", lambda m: True)
-    assert resolve_engine(model) == ("static", True, CPU_AUTO_BUCKETS)  # graphs exist: free to use
+    monkeypatch.setattr(engine_mod, "_compiled_buckets", lambda m: (1, 8))
+    assert resolve_engine(model) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
     assert resolve_engine(model, compile=False) == ("static", False, CPU_AUTO_BUCKETS)  # --no-compile
     monkeypatch.setattr(engine_mod, "_can_compile", lambda: False)
     assert resolve_engine(model) == ("static", False, CPU_AUTO_BUCKETS)

@@ -201,16 +201,17 @@ def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool 
     if kv_window is not None or sum(p.numel() for p in target.parameters()) < AUTO_MIN_PARAMS:
         return "hf", False if compile is None else compile, buckets
     device = next(target.parameters()).device.type
-    if buckets is None and device == "cpu":
-        buckets = CPU_AUTO_BUCKETS
+    built = _compiled_buckets(target)
     if compile is None:
-        compile = _can_compile() and (device == "cuda" or _has_compiled(target))
+        compile = _can_compile() and (device == "cuda" or built is not None)
+    if buckets is None:  # reuse the graphs already built rather than compiling other buckets
+        buckets = built if compile and built is not None else CPU_AUTO_BUCKETS if device == "cpu" else None
     return "static", compile, buckets
 
 
-def _has_compiled(model: torch.nn.Module) -> bool:
-    """Whether this process already built compiled static graphs for ``model``."""
-    return any(kv._compiled for kv in _STATIC.get(model, {}).values())
+def _compiled_buckets(model: torch.nn.Module) -> tuple[int, ...] | None:
+    """The buckets of compiled static graphs this process already built for ``model`` (None: none)."""
+    return next((kv.buckets for kv in _STATIC.get(model, {}).values() if kv._compiled), None)
 
 
 def _can_compile() -> bool:
@@ -292,8 +293,8 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     kv = pool.get(key)
     if kv is None or kv.capacity - kv.buckets[-1] < capacity:
         if static["compile"]:
-            notice(f"dynatree: compiling {type(model).__name__} for the static engine (first call in this process; "
-                   "inductor's on-disk cache makes later processes start faster)...")
+            notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per process (can take "
+                   "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
         kv = StaticCachedModel(model, vocab, capacity, **static)
         pool[key] = kv
     kv.reset()
