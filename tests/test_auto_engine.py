@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_model
 
 import dynatree
 from dynatree import engine as engine_mod
 from dynatree.engine import CPU_AUTO_BUCKETS, resolve_engine
 from dynatree.errors import DynaTreeError
-from tiny import tiny_model
 
 
 @pytest.fixture

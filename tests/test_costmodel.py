@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
+from tiny import VOCAB, perturbed, tiny_model
 
 import dynatree
 from dynatree import costmodel
 from dynatree.costmodel import CostProfile, choose_budget, max_useful_nodes
 from dynatree.errors import DynaTreeError
 from dynatree.policies import make_policy
-from tiny import VOCAB, perturbed, tiny_model
 
 GAINS = [0.9, 0.8, 0.6, 0.4, 0.2, 0.1]
 
@@ -76,7 +76,7 @@ def test_bucket_step_paid_back_later_is_crossed() -> None:
 
 
 def test_overhead_makes_rows_cheaper() -> None:
-    line = lambda r: float(r)  # noqa: E731
+    line = lambda r: float(r)
     assert choose_budget(line, GAINS[:3]) == 0
     assert choose_budget(line, GAINS[:3], overhead_ms=10.0) == 3
     with pytest.raises(DynaTreeError):
@@ -131,7 +131,7 @@ def _run(pair, profile: CostProfile | None, **options):
 def test_fake_profiles_move_the_tree_size_and_stay_exact(pair) -> None:
     ar = dynatree.generate(pair[0], None, _ids(), "autoregressive", max_new_tokens=24, eos_token_id=[])
     wide, none = _run(pair, flat(32)), _run(pair, steep(32))
-    drafted = lambda r: sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds  # noqa: E731
+    drafted = lambda r: sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds
     assert drafted(wide) > 3  # beyond the fixed CPU fallback of 3 nodes
     assert drafted(none) == 0
     assert drafted(wide) > drafted(none)

@@ -18,8 +18,8 @@ import time
 import torch
 
 from dynatree import models
-from dynatree.engine import CPU_AUTO_BUCKETS, _static_options, _vocab_size
 from dynatree.cache import StaticCachedModel
+from dynatree.engine import CPU_AUTO_BUCKETS, _static_options, _vocab_size
 
 
 def main() -> None:

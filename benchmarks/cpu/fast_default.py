@@ -21,7 +21,7 @@ import time
 import torch
 
 import dynatree
-from dynatree import costmodel, models
+from dynatree import models
 from dynatree.bench.commands import _prompts
 from dynatree.policies import make_policy
 from dynatree.verify import LazyLogits
@@ -82,7 +82,7 @@ def main() -> None:
                             "seconds_to_measure": t_profile, **meta}) + "\n")
         for label, strat, opts, batch in configs:
             ss = [s for s, _ in rows[label]]
-            per = lambda a: statistics.median(1e3 * statistics.mean(getattr(x, a) for x in s.rounds) for s in ss)  # noqa: E731
+            per = lambda a: statistics.median(1e3 * statistics.mean(getattr(x, a) for x in s.rounds) for s in ss)
             budget = [x.policy_state["budget"] for s in ss for x in s.rounds if "budget" in x.policy_state]
             rec = {"kind": "run", "label": label, "strategy": strat, **opts, "head_batch_rows": batch,
                    "ms_draft": per("t_draft"), "ms_verify": per("t_verify"), "ms_commit": per("t_commit"),

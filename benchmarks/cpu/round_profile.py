@@ -58,7 +58,7 @@ def main() -> None:
     with open(args.out, "a") as f:
         for i, (name, opts, extra) in enumerate(configs):
             rows = [s.rounds for s in samples[i]]
-            med = lambda attr: statistics.median(1e3 * statistics.mean(getattr(r, attr) for r in rs) for rs in rows)  # noqa: E731
+            med = lambda attr: statistics.median(1e3 * statistics.mean(getattr(r, attr) for r in rs) for rs in rows)
             rec = {"label": args.label, "strategy": name, **opts, **extra, "tokens": args.tokens, "reps": args.reps,
                    "ms_draft": med("t_draft"), "ms_verify": med("t_verify"), "ms_commit": med("t_commit"),
                    "tok_s": statistics.median(s.tokens_per_second for s in samples[i]),

@@ -91,7 +91,7 @@ class CostProfile:
         return {"format": FORMAT, **asdict(self)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "CostProfile":
+    def from_json(cls, data: dict[str, Any]) -> CostProfile:
         if data.get("format") != FORMAT:
             raise DynaTreeError(f"unknown cost profile format {data.get('format')!r}")
         return cls(tuple(data["rows"]), tuple(data["ms"]), bool(data.get("stepwise", False)), dict(data.get("meta", {})))
