@@ -133,7 +133,7 @@ def generate(
                   allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, draft_temperature=draft_temperature, engine=engine, compile=compile, buckets=buckets,
                   kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
-    if compile:  # compile every graph first, so neither run's speed includes compilation
+    if compile and engine == "static":  # every graph first, so neither run's speed includes compiling
         from .engine import precompile
 
         precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, compile=compile, buckets=buckets,
