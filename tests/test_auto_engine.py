@@ -21,18 +21,18 @@ def test_tiny_model_stays_eager(model) -> None:
     assert resolve_engine(model) == ("hf", False, None)
 
 
-def test_real_model_gets_static_and_compiles_only_with_graphs(model, monkeypatch) -> None:
+def test_real_model_compiles_only_with_graphs_or_on_request(model, monkeypatch) -> None:
     monkeypatch.setattr(engine_mod, "AUTO_MIN_PARAMS", 1)
     monkeypatch.setattr(engine_mod, "_can_compile", lambda: True)
-    assert resolve_engine(model) == ("static", False, CPU_AUTO_BUCKETS)  # CPU, nothing compiled yet
+    assert resolve_engine(model) == ("hf", False, None)  # CPU, nothing compiled yet: eager hf
     assert resolve_engine(model, compile=True) == ("static", True, CPU_AUTO_BUCKETS)
-    assert resolve_engine(model, buckets=(1, 4)) == ("static", False, (1, 4))
-    assert resolve_engine(model, kv_window=64) == ("hf", False, None)  # eviction needs the dynamic cache
+    assert resolve_engine(model, compile=True, buckets=(1, 4)) == ("static", True, (1, 4))
+    assert resolve_engine(model, compile=True, kv_window=64) == ("hf", True, None)  # eviction: refused later
     monkeypatch.setattr(engine_mod, "_compiled_buckets", lambda m: (1, 8))
     assert resolve_engine(model) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
-    assert resolve_engine(model, compile=False) == ("static", False, CPU_AUTO_BUCKETS)  # --no-compile
+    assert resolve_engine(model, compile=False) == ("hf", False, None)  # --no-compile
     monkeypatch.setattr(engine_mod, "_can_compile", lambda: False)
-    assert resolve_engine(model) == ("static", False, CPU_AUTO_BUCKETS)
+    assert resolve_engine(model) == ("hf", False, None)
 
 
 def test_explicit_engines_are_kept(model) -> None:

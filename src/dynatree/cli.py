@@ -96,7 +96,7 @@ def generate(
     top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
     draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = 0.6,
-    engine: Annotated[str, typer.Option(help="auto (static engine for real models; compiled on CUDA) | hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")] = "auto",
+    engine: Annotated[str, typer.Option(help="auto (compiled static on CUDA or with --compile, else hf) | hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")] = "auto",
     compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps (graphs are built first, with a progress line; default: decided by --engine auto).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Also run autoregressive decoding on the same prompt and print both speeds and the speedup.")] = False,
     kv_window: Annotated[int | None, typer.Option(help="StreamingLLM-style KV eviction: keep the sinks + this many recent tokens (may run past the model's context).")] = None,

@@ -185,14 +185,14 @@ def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool 
     that does not make the call wait minutes for a compiler.
 
     ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
-    static engine (buckets up to 32 rows on a CPU), compiled on CUDA, and on a CPU compiled only
-    when this process already holds compiled graphs for the model (a library loop that compiled
-    once, or ``precompile``) or ``compile=True`` asks for it. On the benchmark CPU compiling the
-    pair took minutes even with inductor's on-disk cache warm, while it saves tens of ms per token:
-    a one-shot ``dynatree generate`` of a few hundred tokens would only lose
-    (``benchmarks/cpu/README.md``, session 5). Tiny models, KV eviction (dynamic cache only) or
-    ``compile=False`` on a CPU without graphs: the eager engines. Explicit engines are kept; their
-    ``compile=None`` means off.
+    compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when this process
+    already holds compiled graphs for the model (a library loop that compiled once, or
+    ``precompile``) or ``compile=True`` asks for it. Otherwise the eager hf engine: uncompiled, the
+    static engine was no faster (same-process A/B, ``benchmarks/cpu/engine_ab.jsonl``), and on the
+    benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
+    warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
+    tokens would only lose (``benchmarks/cpu/README.md``, session 5). Explicit engines are kept;
+    their ``compile=None`` means off.
     """
     if engine not in ("auto", "hf", "static"):
         raise DynaTreeError(f"unknown engine '{engine}': must be 'auto', 'hf' or 'static'")
@@ -204,6 +204,8 @@ def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool 
     built = _compiled_buckets(target)
     if compile is None:
         compile = _can_compile() and (device == "cuda" or built is not None)
+    if not compile:  # uncompiled, the static engine is no faster than hf (engine_ab.jsonl): keep hf
+        return "hf", False, buckets
     if buckets is None:  # reuse the graphs already built rather than compiling other buckets
         buckets = built if compile and built is not None else CPU_AUTO_BUCKETS if device == "cpu" else None
     return "static", compile, buckets
