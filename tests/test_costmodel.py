@@ -133,7 +133,8 @@ def test_fake_profiles_move_the_tree_size_and_stay_exact(pair) -> None:
     wide, none = _run(pair, flat(32)), _run(pair, steep(32))
     drafted = lambda r: sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds
     assert drafted(wide) > 3  # beyond the fixed CPU fallback of 3 nodes
-    assert drafted(none) == 0
+    assert max(x.drafted for x in none.stats.rounds) <= 1  # only the periodic one-node probe
+    assert drafted(none) <= 1 / 8 + 1e-9  # at most one probe per window (8) of empty rounds
     assert drafted(wide) > drafted(none)
     for r in (wide, none):
         assert torch.equal(r.sequences, ar.sequences)
@@ -163,7 +164,7 @@ def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypat
     again = make_policy("dynatree", tau=0.0)
     r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, eos_token_id=[])
     assert measured == [11]  # second run: from disk
-    assert again.cost_profile == steep(32) and all(x.drafted == 0 for x in r.stats.rounds)
+    assert again.cost_profile == steep(32) and sum(x.drafted for x in r.stats.rounds) <= 1
 
 
 def test_switched_off_uses_fixed_budget(pair, monkeypatch) -> None:

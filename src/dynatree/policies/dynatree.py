@@ -111,6 +111,7 @@ class DynaTree(DraftPolicy):
         self._overhead_ms = 0.0
         self._expected = 0.0  # raw expected accepted nodes of the last tree (sum of path probabilities)
         self._nodes = 0
+        self._empty = 0  # consecutive rounds verified without a drafted node
 
     # ---------------------------------------------------------------------------- cost model
     def wants_cost_model(self) -> bool:
@@ -127,10 +128,10 @@ class DynaTree(DraftPolicy):
         """Accepted nodes per expected accepted node over the last rounds: the draft's path
         probabilities are an estimate (DySpec's SD[x] ~ p_draft(x)) that a miscalibrated draft
         over- or under-states; 1 until a round has been seen."""
-        expected = sum(e for e, _ in self._calib)
-        if expected <= 0:
-            return 1.0
-        return min(max(sum(a for _, a in self._calib) / expected, 0.05), 2.0)
+        # One pseudo-round of a perfectly calibrated node keeps a few unlucky first rounds from
+        # collapsing the estimate (a tree of 0 nodes teaches nothing, so it could not recover).
+        expected = 1.0 + sum(e for e, _ in self._calib)
+        return min(max((1.0 + sum(a for _, a in self._calib)) / expected, 0.05), 2.0)
 
     def _gains(self, tree: TreeBuilder, nodes: list[int] | range) -> list[float]:
         c = self.calibration()
@@ -150,6 +151,9 @@ class DynaTree(DraftPolicy):
         committed tokens per ms under the cost profile."""
         assert self.cost_profile is not None
         n = choose_budget(self.cost_profile, self._gains(tree, range(1, len(tree))), self._overhead_ms)
+        if n == 0 and self._empty >= self.config.window:
+            n = 1  # probe: after `window` empty rounds verify one node, so the calibration can move
+        self._empty = 0 if n else self._empty + 1
         tree.truncate(1 + n)
 
     def _budget(self, device: str) -> int:
