@@ -206,7 +206,7 @@ def test_one_run_measures_both_engines_against_both_baselines(pair, prompts, tmp
     real_generate = runner_mod.generate
 
     def spy(*args, **kw):
-        seen.append((args[3], kw["engine"], kw["compile"]))
+        seen.append((getattr(args[3], "name", args[3]), kw["engine"], kw["compile"]))
         return real_generate(*args, **kw)
 
     monkeypatch.setattr(runner_mod, "generate", spy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -223,6 +224,8 @@ class StaticCachedModel(CachedModel):
         # then applied to the real rows only (not the bucket's padding), or lazily per tree node.
         self._hidden = self.plain_head()
         self._step = self._raw_step
+        self._warm: set[int] = set()  # buckets whose compiled graph exists (see _call)
+        self._compiled = bool(compile)
         if compile:
             check_compiler(self.device)  # a one-line error, not an inductor traceback on the first call
             # One graph per (model, bucket): more than dynamo's default of 8 recompiles per code
@@ -333,11 +336,29 @@ class StaticCachedModel(CachedModel):
             # Rows past length + bucket are masked anyway; the padding rows sit at their queries' positions.
             self.pos[length : length + bucket] = pos[0]
             mask = layer_masks(allowed, pos[0], self.pos, self.layout, self.dtype, self.device)
-        out = step(ids.to(self.device), mask, pos.to(self.device))
+        out = self._call(step, bucket, ids.to(self.device), mask, pos.to(self.device))
         self._set_length(length + q)
         rows = out[0, q - 1 : q] if last_only else out[0, :q]
         # clone: a CUDA-graph replay reuses its output buffer on the next call
         return rows.clone()
+
+    # Dynamo checks every guard of a compiled step before each call: on a CPU that was about 2.6 ms
+    # per call for a tiny model (cProfile, benchmarks/cpu/README.md), several times per round. Once
+    # a bucket's graph exists nothing a later call changes can invalidate it (same model, same cache
+    # tensors, same shapes), so later calls run only the guards that tell the existing graphs
+    # apart (torch.compiler.set_stance(skip_guard_eval_unsafe=True), made for this warm-up-then-
+    # serve pattern). The first call of a bucket keeps the full guards so it compiles normally.
+    FAST_GUARDS = True
+
+    def _call(self, step: Any, bucket: int, *args: torch.Tensor) -> torch.Tensor:
+        if not self._compiled or step is self._raw_step:
+            return step(*args)
+        if self.FAST_GUARDS and bucket in self._warm:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return step(*args)
+        out = step(*args)
+        self._warm.add(bucket)
+        return out
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         keep_t = torch.as_tensor(keep, dtype=torch.long)

@@ -100,8 +100,9 @@ def generate(
     top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
     draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = 0.6,
-    engine: Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")] = "hf",
-    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")] = False,
+    engine: Annotated[str, typer.Option(help="auto (compiled static on CUDA or with --compile, else hf) | hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")] = "auto",
+    compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps (graphs are built first, with a progress line; default: decided by --engine auto).")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Also run autoregressive decoding on the same prompt and print both speeds and the speedup.")] = False,
     kv_window: Annotated[int | None, typer.Option(help="StreamingLLM-style KV eviction: keep the sinks + this many recent tokens (may run past the model's context).")] = None,
     kv_sinks: Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")] = 4,
     cpu_linear: Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help="Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU).")] = None,
@@ -113,6 +114,7 @@ def generate(
     from . import models
     from .devices import check_device
     from .engine import generate as run
+    from .engine import resolve_engine
     from .policies import make_policy
     from .streaming import StreamingConfig
 
@@ -139,11 +141,19 @@ def generate(
                                       dtype=torch_dtype, device=device, tokenizer=tok,
                                       allow_vocab_mismatch=allow_vocab_mismatch)
     ids = tok(prompt, return_tensors="pt").input_ids
-    result = run(tmodel, dmodel, ids, policy, max_new_tokens=max_new_tokens,
-                 truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch,
-                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                 draft_temperature=draft_temperature, engine=engine, compile=compile,
-                 kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
+    engine, compile, buckets = resolve_engine(tmodel, engine, compile, None, kv_window)
+    common = dict(max_new_tokens=max_new_tokens, truncate_prompt=truncate_prompt,
+                  allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
+                  seed=seed, draft_temperature=draft_temperature, engine=engine, compile=compile, buckets=buckets,
+                  kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
+    if compile and engine == "static":  # every graph first, so neither run's speed includes compiling
+        from .engine import precompile
+
+        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, compile=compile, buckets=buckets,
+                   cpu_linear=cpu_linear)
+    result = run(tmodel, dmodel, ids, policy, **common)
+    # --compare: the same prompt autoregressively, on every rank (under torchrun the runs are collective)
+    reference = run(tmodel, None, ids, "autoregressive", **common) if compare else None
     from .distributed import rank
 
     if rank() != 0:  # under torchrun every rank ran the same decoding; one prints
@@ -151,12 +161,25 @@ def generate(
     new = result.sequences[0, result.stats.prompt_tokens:]
     typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
     s = result.stats
+    setup = f"{engine}{' compiled' if compile else ''} engine | threads {torch.get_num_threads()} | {device} {dtype}"
+    budget = [r.policy_state["budget"] for r in s.rounds if "budget" in r.policy_state]
+    chosen = f" | cost-model budget {sum(budget) / len(budget):.1f} nodes/round" if budget else ""
     typer.secho(
         f"[{s.strategy}] {s.new_tokens} tokens in {s.t_total:.2f}s = {s.tokens_per_second:.1f} tok/s | "
         f"mean L {s.mean_committed:.2f} tokens/round over {s.num_rounds} rounds | "
-        f"acceptance {s.acceptance:.1%} | threads {torch.get_num_threads()} | {device} {dtype}",
+        f"acceptance {s.acceptance:.1%}{chosen} | {setup}",
         fg=typer.colors.CYAN, err=True,
     )
+    if reference is not None:
+        base = reference.stats
+        same = "" if temperature > 0 else (" | same output" if torch.equal(reference.sequences, result.sequences)
+                                           else " | OUTPUTS DIFFER")
+        typer.secho(
+            f"[compare] {s.strategy} {s.tokens_per_second:.1f} tok/s vs autoregressive "
+            f"{base.tokens_per_second:.1f} tok/s ({base.new_tokens} tokens) = "
+            f"{s.tokens_per_second / max(base.tokens_per_second, 1e-9):.2f}x speedup{same} | {setup}",
+            fg=typer.colors.CYAN, err=True,
+        )
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -12,6 +12,7 @@ child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run r
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -47,8 +48,8 @@ def generate(
     draft_temperature: float = DRAFT_TEMPERATURE,
     truncate_prompt: bool = False,
     allow_vocab_mismatch: bool = False,
-    engine: str = "hf",
-    compile: bool | str = False,
+    engine: str = "auto",
+    compile: bool | str | None = None,
     buckets: Sequence[int] | None = None,
     tree_order: str = "bfs",
     stop_strings: str | Sequence[str] | None = None,
@@ -82,11 +83,13 @@ def generate(
         truncate_prompt: left-truncate a prompt that would run past the models' maximum positions.
         allow_vocab_mismatch: skip the draft/target vocabulary-size check (draft logits are cut to
             the target's vocabulary).
-        engine: ``"hf"`` (dynamic HF cache, any tree size) or ``"static"`` (pre-allocated cache,
-            tree sizes padded to buckets of up to 256 nodes; what ``compile`` needs).
+        engine: ``"auto"`` (default: see :func:`resolve_engine`), ``"hf"`` (dynamic HF cache, any
+            tree size) or ``"static"`` (pre-allocated cache, tree sizes padded to buckets of up to
+            256 nodes; what ``compile`` needs).
         compile: ``torch.compile`` the static engine's model calls (one graph per bucket). True
             picks ``mode="reduce-overhead"`` (CUDA graphs) on GPU and the default mode on CPU; a
-            string is passed as the mode. Compiled engines are kept per model and reused.
+            string is passed as the mode. Compiled engines are kept per model and reused. None:
+            decided with ``engine="auto"``, off otherwise.
         buckets: query-count buckets of the static engine (default 1, 2, 4, ..., 256): fewer
             buckets mean fewer compiled graphs, more padding.
         stop_strings: stop once the generated text contains one of these (the token completing it
@@ -143,8 +146,7 @@ def generate(
         if any(not isinstance(x, str) or not x for x in stop_strings):
             raise DynaTreeError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
     stop_text = StopText(tokenizer, list(stop_strings)) if stop_strings else None
-    if engine not in ("hf", "static"):
-        raise DynaTreeError(f"unknown engine '{engine}': must be 'hf' or 'static'")
+    engine, compile, buckets = resolve_engine(target, engine, compile, buckets, kv_window)
     if compile and engine != "static":
         raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
     if tree_order not in ("bfs", "dfs"):
@@ -164,8 +166,71 @@ def generate(
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
+        if streaming is None and getattr(policy, "wants_cost_model", lambda: False)():
+            from .costmodel import profile_for  # the tree budget from the measured verify cost
+
+            policy.use_cost_model(profile_for(target_kv, target, engine, compile, lazy_head, buckets,
+                                              static["cpu_linear"], log=notice))
         return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
                        stop_text, lazy_head, sync)
+
+
+# "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
+# and compiled graphs save a roughly fixed overhead per layer call that only a real model's steps
+# make worth its set-up (and the test suite's tiny random models keep the plain path).
+AUTO_MIN_PARAMS = 20_000_000
+# A CPU's trees stay small (the cost model rarely picks more than a few nodes): buckets up to 32
+# rows cover every tree the CPU cost profile can choose and halve the graphs to compile.
+CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool | str | None = None,
+                   buckets: Sequence[int] | None = None, kv_window: int | None = None
+                   ) -> tuple[str, bool | str, Sequence[int] | None]:
+    """``generate``'s engine arguments with ``"auto"``/None decided: the fastest exact configuration
+    that does not make the call wait minutes for a compiler.
+
+    ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
+    compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when this process
+    already holds compiled graphs for the model (a library loop that compiled once, or
+    ``precompile``) or ``compile=True`` asks for it. Otherwise the eager hf engine: uncompiled, the
+    static engine was no faster (same-process A/B, ``benchmarks/cpu/engine_ab.jsonl``), and on the
+    benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
+    warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
+    tokens would only lose (``benchmarks/cpu/README.md``, session 5). Explicit engines are kept;
+    their ``compile=None`` means off.
+    """
+    if engine not in ("auto", "hf", "static"):
+        raise DynaTreeError(f"unknown engine '{engine}': must be 'auto', 'hf' or 'static'")
+    if engine != "auto":
+        return engine, False if compile is None else compile, buckets
+    if kv_window is not None or sum(p.numel() for p in target.parameters()) < AUTO_MIN_PARAMS:
+        return "hf", False if compile is None else compile, buckets
+    device = next(target.parameters()).device.type
+    built = _compiled_buckets(target)
+    if compile is None:
+        compile = _can_compile() and (device == "cuda" or built is not None)
+    if not compile:  # uncompiled, the static engine is no faster than hf (engine_ab.jsonl): keep hf
+        return "hf", False, buckets
+    if buckets is None:  # reuse the graphs already built rather than compiling other buckets
+        buckets = built if compile and built is not None else CPU_AUTO_BUCKETS if device == "cpu" else None
+    return "static", compile, buckets
+
+
+def _compiled_buckets(model: torch.nn.Module) -> tuple[int, ...] | None:
+    """The buckets of compiled static graphs this process already built for ``model`` (None: none)."""
+    return next((kv.buckets for kv in _STATIC.get(model, {}).values() if kv._compiled), None)
+
+
+def _can_compile() -> bool:
+    """torch.compile needs a working inductor backend (a C++ compiler on CPU)."""
+    try:
+        import shutil
+
+        from torch._inductor import cpp_builder  # noqa: F401
+        return shutil.which("g++") is not None or shutil.which("c++") is not None or shutil.which("clang++") is not None
+    except Exception:  # noqa: BLE001 - any import problem means "do not auto-compile"
+        return False
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -238,6 +303,9 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     key = (vocab, *static.values())
     kv = pool.get(key)
     if kv is None or kv.capacity - kv.buckets[-1] < capacity:
+        if static["compile"]:
+            notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per process (can take "
+                   "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
         kv = StaticCachedModel(model, vocab, capacity, **static)
         pool[key] = kv
     kv.reset()
@@ -324,7 +392,8 @@ def _decode(
                 policy_state=policy.state(),
             )
         )
-        policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path)))
+        policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path),
+                                     overhead_ms=1e3 * (t1 - t0 + t3 - t2)))
         if new[-1] in stop or hit:
             break
 
@@ -334,16 +403,30 @@ def _decode(
     return GenerationResult(sequences=sequences, stats=stats)
 
 
+def notice(message: str) -> None:
+    """A one-line progress notice on stderr for slow one-time work (profiling, compiling)."""
+    print(message, file=sys.stderr, flush=True)
+
+
 class StopText:
-    """Finds the first new token after which the generated text contains a stop string."""
+    """Finds the first new token after which the generated text contains a stop string.
+
+    Only a tail of the output is decoded with the new tokens: a stop string completed by them
+    starts at most ``len(s) - 1`` characters before, and any earlier occurrence would have stopped
+    an earlier round. Decoding the whole output every round made a long generation quadratic.
+    The tail is generous (4 tokens per character plus 8: byte-level tokens can take up to 4 per
+    character) so a boundary artifact at its start cannot reach the stop string.
+    """
 
     def __init__(self, tokenizer: Any, strings: list[str]) -> None:
         self.tokenizer, self.strings = tokenizer, strings
+        self.tail = 4 * max(len(x) for x in strings) + 8
 
     def cut(self, out: list[int], new: list[int]) -> int:
         """1-based length of ``new`` to keep (0: no stop string completed in this round)."""
+        context = out[-self.tail :]
         for j in range(1, len(new) + 1):
-            text = self.tokenizer.decode(out + new[:j])
+            text = self.tokenizer.decode(context + new[:j])
             if any(s in text for s in self.strings):
                 return j
         return 0

@@ -81,6 +81,15 @@ class TreeBuilder:
         self.cum_logq.append(self.cum_logq[parent] + float(logq))
         return len(self.tokens) - 1
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` nodes (root included). Ancestors precede descendants, so any prefix
+        is a valid tree; used to cut a tree down to a cost-model budget after drafting."""
+        n = max(1, int(n))
+        for seq in (self.tokens, self.parent, self.depth, self.logq, self.cum_logq):
+            del seq[n:]
+        for node in [k for k in self.child_q if k >= n]:
+            del self.child_q[node]
+
     def set_sampled(self, node: int, dist: torch.Tensor) -> None:
         """Declare that ``node``'s children are sampled from ``dist`` without replacement, in the
         order they are added. Call it before or when adding the first child; siblings must then be

@@ -46,14 +46,25 @@ class LazyLogits:
     the engine uses full logits there.
     """
 
+    # A tree of at most this many rows gets the head of all its rows in ONE call on the first read:
+    # with the few-row linear layout (kernels/cpu_linear.py) 2-4 rows cost what one row costs, and
+    # the greedy walk reads L rows (L = committed tokens, about 1.4 for the CPU's small trees), so
+    # one batched call replaces L memory-bound passes over the head's weights.
+    BATCH_ROWS = 4
+
     def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int) -> None:
         self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
         self._rows: dict[int, torch.Tensor] = {}
+        self._all: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.hidden.shape[0])
 
     def __getitem__(self, node: int) -> torch.Tensor:
+        if self._all is None and len(self) <= self.BATCH_ROWS:
+            self._all = self.head(self.hidden)[:, : self.vocab_size].float()
+        if self._all is not None:
+            return self._all[node]
         row = self._rows.get(node)
         if row is None:
             row = self._rows[node] = self.head(self.hidden[node])[: self.vocab_size].float()

@@ -126,8 +126,9 @@ def print_summary(summaries: list[Summary], title: str) -> None:
 
     table = Table(title=title, title_style="bold")
     extra = list(dict.fromkeys(b for s in summaries for b in s.speedups))[1:]  # further AR baselines
-    cols = ("strategy", "prompts", "tok/s", "speedup", *(f"× {b}" for b in extra), "L̄", "accept.", "TTFT ms",
-            "TPOT ms", "greedy ≠ AR")
+    budgeted = any(s.get("budget") for s in summaries)
+    cols = ("strategy", "prompts", "tok/s", "speedup", *(f"× {b}" for b in extra), "L̄", "accept.",
+            *(("budget",) if budgeted else ()), "TTFT ms", "TPOT ms", "greedy ≠ AR")
     for col in cols:
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for s in summaries:
@@ -138,6 +139,7 @@ def print_summary(summaries: list[Summary], title: str) -> None:
             f"{s.speedup:.2f}×" if s.speedup is not None else "—",
             *(f"{s.speedups[b]:.2f}×" if s.speedups.get(b) is not None else "—" for b in extra),
             f"{L.mean:.2f}" if L else "—", f"{acc.mean:.1%}" if acc else "—",
+            *((f"{s.get('budget').mean:.1f}" if s.get("budget") else "—",) if budgeted else ()),
             f"{ttft.mean * 1e3:.1f}" if ttft else "—", f"{tpot.mean * 1e3:.2f}" if tpot else "—",
             "—" if s.reference else (f"[red]{s.mismatches}[/red]" if s.mismatches else "0"),
         )
@@ -159,7 +161,7 @@ def _run_saving(writer: Any, fn: Any) -> Any:
 
 
 def _finish(outcomes: list[Any], output: Path) -> None:
-    from .metrics import summarize
+    from .metrics import cost_profiles, summarize
 
     new = sum(o.new_rows for o in outcomes)
     resumed = sum(o.resumed_rows for o in outcomes)
@@ -167,6 +169,9 @@ def _finish(outcomes: list[Any], output: Path) -> None:
         s0 = o.rows[0]["settings"]
         print_summary(summarize(o.rows), f"{s0['dataset']} · T = {s0['max_new_tokens']} · {s0['dtype']} {s0['device']}"
                                          f" · {s0['threads']} threads · group {o.group}")
+        for label, prof in cost_profiles(o.rows).items():
+            points = ", ".join(f"{r}: {m:.1f}" for r, m in zip(prof["rows"], prof["ms"]))
+            typer.secho(f"{label}: tree budget from the verify-cost profile (ms by rows) {points}", err=True)
     mismatches = sum(len(o.mismatches) for o in outcomes)
     typer.secho(f"{new} new row(s), {resumed} already in {output} (resumed)", err=True)
     if mismatches:

@@ -95,6 +95,7 @@ def row_metrics(row: Row) -> dict[str, float | None]:
         "drafted": s.get("mean_drafted") if drafting else None,
         "depth": s.get("mean_depth") if drafting else None,
         "draft_calls": s.get("draft_calls") if drafting else None,
+        "budget": s.get("budget") if drafting else None,  # cost-model nodes per round (auto budget only)
         "ttft": s.get("ttft"),
         "tpot": s.get("tpot"),
         "t_total": total,
@@ -187,6 +188,16 @@ def summarize(rows: Iterable[Row]) -> list[Summary]:
 
 def total_mismatches(rows: Iterable[Row]) -> int:
     return sum(1 for r in rows if r.get("greedy_match") is False)
+
+
+def cost_profiles(rows: Iterable[Row]) -> dict[str, dict[str, Any]]:
+    """The verify-cost profile recorded per label (the first row that has one)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        prof = (r.get("stats") or {}).get("cost_profile")
+        if prof and r["label"] not in out:
+            out[r["label"]] = prof
+    return out
 
 
 def committed_per_round(rows: Iterable[Row]) -> list[int]:

@@ -57,6 +57,23 @@ def throughput_bars(
     return _save(fig, path)
 
 
+def cost_profile_plot(profiles: Mapping[str, tuple[Sequence[int], Sequence[float]]], title: str, path: Path,
+                      colors: Mapping[str, str] | None = None) -> Path:
+    """Measured verify time (ms) against tree rows, one line per profile: the curve the tree
+    budget is chosen from (flat = wide trees are cheap, steep = keep trees small)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for i, (label, (rows, ms)) in enumerate(profiles.items()):
+        ax.plot(list(rows), list(ms), marker="o", label=label, color=_color(label, i, colors))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows in the verify forward (root + drafted nodes)")
+    ax.set_ylabel("verify time (ms, median)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _title(ax, title, 10)
+    return _save(fig, path)
+
+
 def speedup_vs_length(
     series: Mapping[str, Sequence[tuple[int, float]]], title: str, path: Path, colors: Mapping[str, str] | None = None,
 ) -> Path:

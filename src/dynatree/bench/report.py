@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import DynaTreeError
 from . import plots
-from .metrics import AR, Agg, Summary, committed_per_round, summarize, varying_options
+from .metrics import AR, Agg, Summary, committed_per_round, cost_profiles, summarize, varying_options
 from .store import LoadedResults, load_results
 
 Row = Mapping[str, Any]
@@ -346,7 +346,26 @@ def _main_sections(rows: Sequence[Row], summaries: Sequence[Summary],
                                                         out / f"tokens-per-round-{slug}.png", colors))
             report.figures += figs
             md += [f"![throughput]({figs[0].name})"] + ([f"![tokens per round]({figs[1].name})"] if len(figs) > 1 else []) + [""]
+            md += _cost_profile_section(group_rows, dss, f"{ds} · {title}", out / f"cost-profile-{slug}.png", report)
     return md
+
+
+def _cost_profile_section(rows: Sequence[Row], summaries: Sequence[Summary], title: str, path: Path,
+                          report: Report) -> list[str]:
+    """The verify-cost profiles the auto-budgeted strategies chose their trees from, plotted, with
+    the budget each chose (mean drafted-node budget per round)."""
+    profiles = cost_profiles(rows)
+    if not profiles:
+        return []
+    lines = ["### Tree budget from the verify-cost profile", "",
+             _table(["strategy", "budget (nodes/round)", "verify ms by rows"],
+                    [[label, _m(next((s.get("budget") for s in summaries if s.label == label), None), 1),
+                      ", ".join(f"{r}: {m:.1f}" for r, m in zip(p["rows"], p["ms"]))]
+                     for label, p in profiles.items()]), ""]
+    fig = plots.cost_profile_plot({label: (p["rows"], p["ms"]) for label, p in profiles.items()},
+                                  f"verify cost vs tree rows · {title}", path)
+    report.figures.append(fig)
+    return lines + [f"![verify cost]({fig.name})", ""]
 
 
 def _length_section(summaries: Sequence[Summary], origins: Mapping[tuple[str, str], set[str]],

@@ -39,6 +39,7 @@ import torch
 
 from ..engine import generate, precompile, resolve_cpu_linear
 from ..errors import DynaTreeError
+from ..policies import make_policy
 from .specs import AUTOREGRESSIVE, HF_ASSISTED, StrategySpec
 from .store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
 from .sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
@@ -149,11 +150,12 @@ def run_engine(
     settings: BenchSettings, max_new_tokens: int,
 ) -> Measurement:
     engine, compile = spec.engine_for(settings.engine, settings.compile)
+    policy = make_policy(spec.name, **spec.policy_options)  # an instance: its cost profile is read back
     result = generate(
         target,
         draft if spec.uses_draft else None,
         list(prompt.ids),
-        spec.name,
+        policy,
         max_new_tokens=max_new_tokens,
         eos_token_id=_eos(settings),
         seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees
@@ -164,12 +166,23 @@ def run_engine(
         kv_window=settings.kv_window,
         kv_sinks=settings.kv_sinks,
         cpu_linear=spec.run.get("cpu_linear", settings.cpu_linear),
-        **spec.policy_options,
     )
     d = result.stats.to_dict()
     per_round = d.pop("per_round")
+    d.update(cost_model_fields(policy, per_round))
     out = result.sequences[0, result.stats.prompt_tokens:].tolist()
     return Measurement(output_ids=out, stats=d, per_round=per_round)
+
+
+def cost_model_fields(policy: Any, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The verify-cost profile a policy sized its trees from and the mean budget it chose (nodes
+    per round); empty for a policy with a pinned budget."""
+    profile = getattr(policy, "cost_profile", None)
+    budgets = [r["policy_state"]["budget"] for r in per_round if "budget" in (r.get("policy_state") or {})]
+    if profile is None or not budgets:
+        return {}
+    return {"budget": sum(budgets) / len(budgets),
+            "cost_profile": {"rows": list(profile.rows), "ms": list(profile.ms), "stepwise": profile.stepwise}}
 
 
 class _TimingStreamer:

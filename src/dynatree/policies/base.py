@@ -31,6 +31,7 @@ class RoundFeedback:
 
     drafted: int  # drafted nodes in the tree (root excluded)
     accepted: int  # drafted nodes on the accepted path
+    overhead_ms: float = 0.0  # the round's drafting + committing time (cost-model budgets weigh it)
 
 
 class DraftPolicy(ABC):

@@ -32,6 +32,7 @@ from typing import ClassVar
 
 import torch
 
+from ..costmodel import CostProfile, choose_budget
 from ..draft import Drafter
 from ..tree import TreeBuilder
 from .base import DraftPolicy, RoundFeedback, add_top_children, check
@@ -51,7 +52,7 @@ class DynaTreeConfig:
     rho_stop: float = 0.05
     rho_deep: float = 0.5
     tau: float = 0.1
-    max_nodes: int | None = None  # None: 3 on CPU, 64 on GPU (see DEFAULT_MAX_NODES)
+    max_nodes: int | None = None  # None: from the target's measured verify cost (costmodel.py)
     history: bool = True
     window: int = 8
     target_accept: float = 0.25
@@ -80,7 +81,8 @@ class DynaTreeConfig:
         check(self.eta_h >= 0.0, "eta_h", ">= 0", self.eta_h)
 
 
-# Node budget when max_nodes is None. On a CPU a verify of root + 3 nodes (4 rows) costs about one
+# Node budget when max_nodes is None and no cost profile is available (profiling switched off with
+# DYNATREE_COST_MODEL=off, StreamingLLM eviction). On a CPU a verify of root + 3 nodes (4 rows) costs about one
 # autoregressive step with the few-row linear layout (kernels/cpu_linear.py) but 5+ rows cost
 # ~1.5x (BLAS switches kernels above 4 rows), so the CPU budget is 3: 1.04x over compiled AR vs
 # 0.85x with 4 nodes, same run (benchmarks/cpu/engines_s4.jsonl). On a GPU a forward costs about
@@ -95,6 +97,7 @@ class DynaTree(DraftPolicy):
 
     def __init__(self, config: DynaTreeConfig) -> None:
         super().__init__(config)
+        self.cost_profile: CostProfile | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -103,6 +106,63 @@ class DynaTree(DraftPolicy):
         self.tau_h = cfg.tau_h
         self.tau_l = cfg.tau_l
         self._window: deque[float] = deque(maxlen=cfg.window)
+        # Cost-model budget state (kept across rounds, reset per generation).
+        self._calib: deque[tuple[float, int]] = deque(maxlen=cfg.window)  # (expected, accepted) per round
+        self._overhead_ms = 0.0
+        self._expected = 0.0  # raw expected accepted nodes of the last tree (sum of path probabilities)
+        self._nodes = 0
+        self._empty = 0  # consecutive rounds verified without a drafted node
+
+    # ---------------------------------------------------------------------------- cost model
+    def wants_cost_model(self) -> bool:
+        """True when the budget should come from a measured verify-cost profile (no pinned max_nodes
+        and none given yet); the engine then calls :meth:`use_cost_model`."""
+        return self.config.max_nodes is None and self.cost_profile is None
+
+    def use_cost_model(self, profile: CostProfile | None) -> None:
+        """Size every tree from ``profile`` (the target's verify ms per row count) instead of the
+        fixed per-device budget. Kept across generations (the profile belongs to the machine)."""
+        self.cost_profile = profile
+
+    def calibration(self) -> float:
+        """Accepted nodes per expected accepted node over the last rounds: the draft's path
+        probabilities are an estimate (DySpec's SD[x] ~ p_draft(x)) that a miscalibrated draft
+        over- or under-states; 1 until a round has been seen."""
+        # One pseudo-round of a perfectly calibrated node keeps a few unlucky first rounds from
+        # collapsing the estimate (a tree of 0 nodes teaches nothing, so it could not recover).
+        expected = 1.0 + sum(e for e, _ in self._calib)
+        return min(max((1.0 + sum(a for _, a in self._calib)) / expected, 0.05), 2.0)
+
+    def _gains(self, tree: TreeBuilder, nodes: list[int] | range) -> list[float]:
+        c = self.calibration()
+        return [min(1.0, c * math.exp(tree.cum_logq[u])) for u in nodes]
+
+    def _worth_expanding(self, tree: TreeBuilder, expand: list[int]) -> bool:
+        """Could another level pay for itself? Its children get at most their parents' path
+        probability each, so if even one such child per expanded node does not raise expected
+        tokens per ms, drafting the level is wasted work."""
+        assert self.cost_profile is not None
+        now = self._gains(tree, range(1, len(tree)))
+        optimistic = now + self._gains(tree, expand)
+        return choose_budget(self.cost_profile, optimistic, self._overhead_ms) > len(now)
+
+    def _trim(self, tree: TreeBuilder) -> None:
+        """Keep the prefix of the tree (creation order: always a valid tree) that maximises expected
+        committed tokens per ms under the cost profile."""
+        assert self.cost_profile is not None
+        n = choose_budget(self.cost_profile, self._gains(tree, range(1, len(tree))), self._overhead_ms)
+        if n == 0 and self._empty >= self.config.window:
+            n = 1  # probe: after `window` empty rounds verify one node, so the calibration can move
+        self._empty = 0 if n else self._empty + 1
+        tree.truncate(1 + n)
+
+    def _budget(self, device: str) -> int:
+        cfg = self.config
+        if cfg.max_nodes is not None:
+            return cfg.max_nodes
+        if self.cost_profile is not None:
+            return max(1, self.cost_profile.max_rows - 1)
+        return DEFAULT_MAX_NODES.get(device, DEFAULT_MAX_NODES["cuda"])
 
     # ------------------------------------------------------------------------------ drafting
     def breadth(self, confidence: float) -> int:
@@ -127,20 +187,25 @@ class DynaTree(DraftPolicy):
 
     def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
         cfg = self.config
-        budget = cfg.max_nodes or DEFAULT_MAX_NODES.get(root_logits.device.type, DEFAULT_MAX_NODES["cuda"])
+        budget = self._budget(root_logits.device.type)
+        costed = cfg.max_nodes is None and self.cost_profile is not None
         logp = torch.log_softmax(root_logits, -1)
         root_b = self.breadth(float(logp.max().exp())) if cfg.root_branching else 1
         frontier = add_top_children(tree, 0, logp, root_b, budget)
         while frontier:
             room = budget - (len(tree) - 1)
             expand = [u for u in frontier if self.expandable(tree.depth[u], tree.cum_logq[u])][:room]
-            if not expand:
+            if not expand or (costed and not self._worth_expanding(tree, expand)):
                 break
             logps = torch.log_softmax(drafter.forward(expand), -1)
             confidence = logps.max(-1).values.exp().tolist()
             frontier = []
             for u, row, c in zip(expand, logps, confidence):
                 frontier += add_top_children(tree, u, row, self.breadth(c), budget)
+        if costed:
+            self._trim(tree)
+        self._nodes = len(tree) - 1
+        self._expected = sum(math.exp(lq) for lq in tree.cum_logq[1:])
 
     def max_depth(self) -> int:
         # u_0 plus up to D_max expansions (the seed gate is d(u) < D_max with d(u_0) = 0).
@@ -149,6 +214,12 @@ class DynaTree(DraftPolicy):
     # ------------------------------------------------------------------------------- history
     def observe(self, feedback: RoundFeedback) -> None:
         cfg = self.config
+        if feedback.drafted:
+            self._calib.append((self._expected, feedback.accepted))
+        if feedback.overhead_ms > 0:  # drafting + committing, the round's cost besides the verify
+            a = 0.25
+            self._overhead_ms = feedback.overhead_ms if self._overhead_ms == 0 else \
+                (1 - a) * self._overhead_ms + a * feedback.overhead_ms
         if not cfg.history or feedback.drafted == 0:
             return
         self._window.append(feedback.accepted / feedback.drafted)
@@ -160,4 +231,7 @@ class DynaTree(DraftPolicy):
         self.tau_l = min(max(cfg.tau_l + (self.tau_h - cfg.tau_h), 0.01), self.tau_h - 0.01)
 
     def state(self) -> dict[str, float]:
-        return {"d0": self.d0, "tau_h": self.tau_h, "tau_l": self.tau_l}
+        out = {"d0": self.d0, "tau_h": self.tau_h, "tau_l": self.tau_l}
+        if self.config.max_nodes is None and self.cost_profile is not None:
+            out.update(budget=float(self._nodes), calibration=self.calibration())
+        return out

@@ -1,0 +1,79 @@
+"""``engine="auto"``: which engine a call with no engine arguments gets, decided without compiling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_model
+
+import dynatree
+from dynatree import engine as engine_mod
+from dynatree.engine import CPU_AUTO_BUCKETS, resolve_engine
+from dynatree.errors import DynaTreeError
+
+
+@pytest.fixture
+def model() -> torch.nn.Module:
+    return tiny_model("llama", 0)
+
+
+def test_tiny_model_stays_eager(model) -> None:
+    assert resolve_engine(model) == ("hf", False, None)
+
+
+def test_real_model_compiles_only_with_graphs_or_on_request(model, monkeypatch) -> None:
+    monkeypatch.setattr(engine_mod, "AUTO_MIN_PARAMS", 1)
+    monkeypatch.setattr(engine_mod, "_can_compile", lambda: True)
+    assert resolve_engine(model) == ("hf", False, None)  # CPU, nothing compiled yet: eager hf
+    assert resolve_engine(model, compile=True) == ("static", True, CPU_AUTO_BUCKETS)
+    assert resolve_engine(model, compile=True, buckets=(1, 4)) == ("static", True, (1, 4))
+    assert resolve_engine(model, compile=True, kv_window=64) == ("hf", True, None)  # eviction: refused later
+    monkeypatch.setattr(engine_mod, "_compiled_buckets", lambda m: (1, 8))
+    assert resolve_engine(model) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
+    assert resolve_engine(model, compile=False) == ("hf", False, None)  # --no-compile
+    monkeypatch.setattr(engine_mod, "_can_compile", lambda: False)
+    assert resolve_engine(model) == ("hf", False, None)
+
+
+def test_explicit_engines_are_kept(model) -> None:
+    assert resolve_engine(model, "static") == ("static", False, None)
+    assert resolve_engine(model, "static", True) == ("static", True, None)
+    assert resolve_engine(model, "hf") == ("hf", False, None)
+    with pytest.raises(DynaTreeError, match="unknown engine"):
+        resolve_engine(model, "fast")
+
+
+def test_default_generate_is_exact(model) -> None:
+    ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(0))
+    out = dynatree.generate(model, model, ids, max_new_tokens=12, eos_token_id=[])
+    ref = dynatree.generate(model, None, ids, "autoregressive", engine="hf", max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(out.sequences, ref.sequences)
+
+
+class _Tok:
+    """Token ids are characters (mod the tiny vocabulary), enough for the CLI's encode/decode."""
+
+    def __call__(self, text: str, return_tensors: str = "pt"):
+        class Out:
+            input_ids = torch.tensor([[2 + ord(c) % 90 for c in text]])
+
+        return Out()
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(65 + int(i) % 26) for i in ids)
+
+
+def test_cli_compare_prints_both_speeds(model, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from dynatree import models
+    from dynatree.cli import app
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: (model, _Tok()))
+    monkeypatch.setattr(models, "resolve_draft", lambda *a, **k: model)
+    result = CliRunner().invoke(app, ["generate", "--prompt", "hello", "--max-new-tokens", "6", "--compare",
+                                      "-o", "max_nodes=2"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("[compare]"))
+    assert "dynatree" in line and "autoregressive" in line and "x speedup" in line and "same output" in line
+    assert "hf engine" in line  # a tiny model: auto keeps the eager engine

@@ -1,0 +1,209 @@
+"""The cost-model tree budget: pure choice on fake cost curves, the on-disk cache, and the policy
+and engine wiring. No test reads the real clock: profiles are fakes, measurement is stubbed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import VOCAB, perturbed, tiny_model
+
+import dynatree
+from dynatree import costmodel
+from dynatree.costmodel import CostProfile, choose_budget, max_useful_nodes
+from dynatree.errors import DynaTreeError
+from dynatree.policies import make_policy
+
+GAINS = [0.9, 0.8, 0.6, 0.4, 0.2, 0.1]
+
+
+def flat(n: int = 64) -> CostProfile:
+    return CostProfile((1, n), (10.0, 10.0))
+
+
+def steep(n: int = 64) -> CostProfile:
+    """Every extra row costs as much as the first: speculation can never pay. Seconds per row, so
+    the live drafting/commit overhead the policy adds (milliseconds) cannot change a decision."""
+    return CostProfile((1, n), (1e6, 1e6 * n))
+
+
+# ------------------------------------------------------------------------------ the profile
+def test_profile_validates() -> None:
+    with pytest.raises(DynaTreeError, match="one time per row count"):
+        CostProfile((1, 2), (1.0,))
+    with pytest.raises(DynaTreeError, match="ascending"):
+        CostProfile((2, 2), (1.0, 1.0))
+    with pytest.raises(DynaTreeError, match="ascending"):
+        CostProfile((0, 2), (1.0, 1.0))
+    with pytest.raises(DynaTreeError, match="positive"):
+        CostProfile((1, 2), (1.0, 0.0))
+
+
+def test_cost_interpolates_or_steps() -> None:
+    lin = CostProfile((1, 4, 8), (10.0, 13.0, 21.0))
+    assert lin.cost(1) == 10.0 and lin.cost(2) == 11.0 and lin.cost(6) == 17.0
+    assert lin.cost(10) == 25.0  # last slope extended
+    step = CostProfile((1, 4, 8), (10.0, 13.0, 21.0), stepwise=True)
+    assert step.cost(2) == 13.0 and step.cost(5) == 21.0 and step.cost(8) == 21.0
+
+
+def test_profile_json_round_trip() -> None:
+    p = CostProfile((1, 2, 4), (5.0, 6.0, 9.5), stepwise=True, meta={"reps": 3})
+    q = CostProfile.from_json(json.loads(json.dumps(p.to_json())))
+    assert q == p and q.meta == {"reps": 3}
+
+
+# ------------------------------------------------------------------------------- the choice
+def test_flat_cost_takes_every_node_steep_cost_none() -> None:
+    assert choose_budget(flat(), GAINS) == len(GAINS)
+    assert choose_budget(steep(), GAINS) == 0
+
+
+def test_budget_shrinks_as_cost_steepens() -> None:
+    chosen = [choose_budget(lambda r, s=s: 1.0 + s * (r - 1), GAINS) for s in (0.0, 0.05, 0.1, 0.3, 1.0)]
+    assert chosen == sorted(chosen, reverse=True)
+    assert chosen[0] == 6 and chosen[-1] == 0
+    # worked example, slope 0.1: (1 + G(n)) / (1 + 0.1 n) = 1, 1.73, 2.25, 2.54, 2.64, 2.60, 2.56
+    assert choose_budget(lambda r: 1.0 + 0.1 * (r - 1), GAINS) == 4
+
+
+def test_bucket_step_paid_back_later_is_crossed() -> None:
+    # 5..8 rows cost one padded bucket: stopping at the first drop would keep 3 nodes
+    step = CostProfile((1, 2, 4, 8), (10.0, 10.0, 10.0, 14.0), stepwise=True)
+    assert choose_budget(step, [0.9] * 7) == 7
+    assert choose_budget(step, [0.9, 0.9, 0.9, 0.05, 0.05, 0.05, 0.05]) == 3
+
+
+def test_overhead_makes_rows_cheaper() -> None:
+    line = lambda r: float(r)
+    assert choose_budget(line, GAINS[:3]) == 0
+    assert choose_budget(line, GAINS[:3], overhead_ms=10.0) == 3
+    with pytest.raises(DynaTreeError):
+        choose_budget(line, GAINS, overhead_ms=-1.0)
+
+
+def test_limit_and_max_useful_nodes() -> None:
+    assert choose_budget(flat(), GAINS, limit=2) == 2
+    assert max_useful_nodes(flat(16)) == 15
+    assert max_useful_nodes(steep(16)) == 0
+
+
+# ------------------------------------------------------------------------- the disk cache
+def test_cache_round_trip(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path))
+    key = {"model": "m", "threads": 2}
+    assert costmodel.load(key) is None
+    path = costmodel.save(key, CostProfile((1, 2), (3.0, 4.0)))
+    assert path.parent == tmp_path / "costmodel"
+    assert costmodel.load(key) == CostProfile((1, 2), (3.0, 4.0))
+    assert costmodel.load({**key, "threads": 4}) is None  # another key, another profile
+    path.write_text("{not json")
+    assert costmodel.load(key) is None  # a torn/corrupt file is a cache miss, not a crash
+
+
+def test_key_separates_models_and_threads() -> None:
+    a, b = tiny_model("llama", 0), tiny_model("llama", 1)
+    ka, kb = costmodel.profile_key(a, "hf", False), costmodel.profile_key(b, "hf", False)
+    assert ka != kb
+    assert ka["device"] == "cpu" and ka["dtype"] == "float32" and ka["threads"] == torch.get_num_threads()
+    assert costmodel.profile_key(a, "static", True) != ka
+
+
+# --------------------------------------------------------------------- policy and engine
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", 0)
+    return target, perturbed(target, noise=0.01)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(2, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
+
+
+def _run(pair, profile: CostProfile | None, **options):
+    policy = make_policy("dynatree", tau=0.0, **options)
+    if profile is not None:
+        policy.use_cost_model(profile)
+    return dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=24, eos_token_id=[])
+
+
+def test_fake_profiles_move_the_tree_size_and_stay_exact(pair) -> None:
+    ar = dynatree.generate(pair[0], None, _ids(), "autoregressive", max_new_tokens=24, eos_token_id=[])
+    wide, none = _run(pair, flat(32)), _run(pair, steep(32))
+    drafted = lambda r: sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds
+    assert drafted(wide) > 3  # beyond the fixed CPU fallback of 3 nodes
+    assert max(x.drafted for x in none.stats.rounds) <= 1  # only the periodic one-node probe
+    assert drafted(none) <= 1 / 8 + 1e-9  # at most one probe per window (8) of empty rounds
+    assert drafted(wide) > drafted(none)
+    for r in (wide, none):
+        assert torch.equal(r.sequences, ar.sequences)
+    assert all("budget" in x.policy_state for x in wide.stats.rounds)
+
+
+def test_pinned_max_nodes_ignores_profile(pair) -> None:
+    r = _run(pair, flat(32), max_nodes=2)
+    assert max(x.drafted for x in r.stats.rounds) <= 2
+    assert make_policy("dynatree", max_nodes=2).wants_cost_model() is False
+
+
+def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "on")
+    measured: list[int] = []
+
+    def fake_measure(kv, sizes, lazy_head, reps=3, clock=None):
+        measured.append(len(sizes))
+        return steep(32)
+
+    monkeypatch.setattr(costmodel, "measure", fake_measure)
+    policy = make_policy("dynatree", tau=0.0)
+    dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, eos_token_id=[])
+    assert measured == [11] and policy.cost_profile == steep(32)
+    assert len(list((tmp_path / "costmodel").glob("*.json"))) == 1
+    again = make_policy("dynatree", tau=0.0)
+    r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, eos_token_id=[])
+    assert measured == [11]  # second run: from disk
+    assert again.cost_profile == steep(32) and sum(x.drafted for x in r.stats.rounds) <= 1
+
+
+def test_switched_off_uses_fixed_budget(pair, monkeypatch) -> None:
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "off")
+    policy = make_policy("dynatree", tau=0.0)
+    r = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, eos_token_id=[])
+    assert policy.cost_profile is None and max(x.drafted for x in r.stats.rounds) <= 3
+
+
+def test_measure_leaves_cache_empty_with_fake_clock(pair) -> None:
+    from dynatree.cache import CachedModel
+
+    kv = CachedModel(pair[0], VOCAB)
+    ticks = iter(range(10_000))
+    with torch.inference_mode():
+        p = costmodel.measure(kv, (1, 2, 4), lazy_head=False, reps=2, clock=lambda: float(next(ticks)))
+    assert p.rows == (1, 2, 4) and all(m == 1000.0 for m in p.ms) and not p.stepwise
+    assert kv.length == 0
+
+
+def test_bench_records_budget_and_report_plots_profile(pair, tmp_path, monkeypatch) -> None:
+    from dynatree.bench.report import build_report
+    from dynatree.bench.runner import BenchSettings, Prompt, run_bench
+    from dynatree.bench.specs import parse_strategies
+    from dynatree.bench.store import ResultsWriter
+
+    monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "on")
+    monkeypatch.setattr(costmodel, "measure", lambda *a, **k: flat(32))
+    settings = BenchSettings(target="tiny", draft="tiny-perturbed", dataset="random", max_new_tokens=12)
+    prompts = [Prompt("p0", tuple(_ids()[0].tolist()))]
+    specs = parse_strategies("autoregressive,dynatree:tau=0.0@auto,dynatree:tau=0.0:max_nodes=2@pinned")
+    with ResultsWriter(tmp_path / "r.jsonl") as w:
+        out = run_bench(pair[0], pair[1], prompts, specs, settings, writer=w, warmup=0, progress=False)
+    by_label = {r["label"]: r for r in out.rows}
+    auto = by_label["auto"]["stats"]
+    assert auto["cost_profile"] == {"rows": [1, 32], "ms": [10.0, 10.0], "stepwise": False}
+    assert auto["budget"] > 3
+    assert "budget" not in by_label["pinned"]["stats"] and "cost_profile" not in by_label["pinned"]["stats"]
+    rep = build_report(tmp_path / "r.jsonl", tmp_path / "report")
+    assert "Tree budget from the verify-cost profile" in rep.text
+    assert any(f.name.startswith("cost-profile") and f.exists() for f in rep.figures)
