@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # 28 s with 1). So the suite runs single-threaded, the subprocesses it starts included.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# The measured tree budget (dynatree.costmodel) would time the tiny test models on the real clock
-# and write profiles to the user's cache dir: off for the suite; tests/test_costmodel.py switches
-# it on per test with fake profiles and a temporary folder.
+# The measured tree budget (dynatree.costmodel, opt-in) would time the tiny test models on the real
+# clock and write profiles to the user's cache dir: off for the suite whatever the environment
+# says; tests/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
 os.environ["DYNATREE_COST_MODEL"] = "off"

@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--note", default="busy shared 2-core VM (load average 7-10 from other jobs)")
     args = ap.parse_args()
+    os.environ["DYNATREE_COST_MODEL"] = "on"  # the measured budget is opt-in
     torch.set_num_threads(args.threads)
     target, tok = models.load_model("smollm2-135m")
     draft = models.resolve_draft(models.DEFAULT_DRAFT, target)

@@ -81,8 +81,8 @@ class DynaTreeConfig:
         check(self.eta_h >= 0.0, "eta_h", ">= 0", self.eta_h)
 
 
-# Node budget when max_nodes is None and no cost profile is available (profiling switched off with
-# DYNATREE_COST_MODEL=off, StreamingLLM eviction). On a CPU a verify of root + 3 nodes (4 rows) costs about one
+# Node budget when max_nodes is None and no cost profile is available (profiling is opt-in with
+# DYNATREE_COST_MODEL=on; never under StreamingLLM eviction). On a CPU a verify of root + 3 nodes (4 rows) costs about one
 # autoregressive step with the few-row linear layout (kernels/cpu_linear.py) but 5+ rows cost
 # ~1.5x (BLAS switches kernels above 4 rows), so the CPU budget is 3: 1.04x over compiled AR vs
 # 0.85x with 4 nodes, same run (benchmarks/cpu/engines_s4.jsonl). On a GPU a forward costs about
