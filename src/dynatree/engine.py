@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from os import PathLike
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from .draft import Drafter
 from .errors import DynaTreeError
 from .policies import DraftPolicy, RoundFeedback, make_policy
 from .sampling import DRAFT_TEMPERATURE, DraftSampler, SamplesDraft, SamplingConfig, make_generator
-from .stats import GenerationResult, GenerationStats, RoundStats
+from .stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
 from .streaming import StreamingConfig, StreamingKV, find_rope
 from .tree import TreeBuilder
 from .verify import greedy_accept, sample_accept, tree_forward
@@ -56,6 +57,8 @@ def generate(
     kv_window: int | None = None,
     kv_sinks: int = 4,
     cpu_linear: bool | None = None,
+    on_round: Callable[[RoundEvent], None] | None = None,
+    trace: str | PathLike | None = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -104,6 +107,11 @@ def generate(
             (:mod:`dynatree.kernels.cpu_linear`): on the CPU it was measured on, a tree of a few
             nodes then costs less than one ``F.linear`` step. None: on for CPU models. Applies to
             the autoregressive baseline too, so speedups compare equal machinery.
+        on_round: called after every round with its :class:`~dynatree.stats.RoundEvent` (the
+            committed tokens, the drafted tree, the accepted path): what streamers and the trace
+            page are fed from, as soon as a round commits rather than at the end.
+        trace: write a self-contained HTML page of every round's tree to this path
+            (:mod:`dynatree.trace`; token text needs ``tokenizer``).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     policy = make_policy(strategy, **strategy_options)
@@ -158,8 +166,17 @@ def generate(
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
-        return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
-                       stop_text, lazy_head)
+        recorder = None
+        if trace is not None:
+            from .trace import TraceRecorder
+
+            recorder = TraceRecorder(tokenizer, on_round)
+            on_round = recorder
+        result = _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
+                         stop_text, lazy_head, on_round)
+    if recorder is not None:
+        recorder.write(trace, result, policy)
+    return result
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -248,6 +265,7 @@ def _decode(
     tree_order: str = "bfs",
     stop_text: "StopText | None" = None,
     lazy_head: bool = False,
+    on_round: Callable[[RoundEvent], None] | None = None,
 ) -> GenerationResult:
     clock = _Clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
@@ -312,6 +330,8 @@ def _decode(
             )
         )
         policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path)))
+        if on_round is not None:
+            on_round(RoundEvent(new, tree, path, bonus, stats.rounds[-1]))
         if new[-1] in stop or hit:
             break
 
