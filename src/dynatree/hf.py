@@ -45,7 +45,7 @@ _OWN_CRITERIA = (sc.MaxLengthCriteria, sc.EosTokenCriteria, sc.StopStringCriteri
 # The generate argument a processor usually comes from, for the refusal message.
 _PROCESSOR_ARGS = {
     "RepetitionPenaltyLogitsProcessor": "repetition_penalty",
-    "MinLengthLogitsProcessor": "min_length",
+    "MinLengthLogitsProcessor": "min_length / min_new_tokens",
     "MinNewTokensLengthLogitsProcessor": "min_new_tokens",
     "NoRepeatNGramLogitsProcessor": "no_repeat_ngram_size",
     "NoBadWordsLogitsProcessor": "bad_words_ids",
