@@ -196,7 +196,8 @@ def chat_command(
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
     while True:
         try:
-            text = input("you> ")
+            typer.echo("you> ", nl=False)  # on stdout: input()'s own prompt goes to stderr on a tty
+            text = input()
         except EOFError:
             typer.echo()
             break
