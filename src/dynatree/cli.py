@@ -107,8 +107,10 @@ def generate(
     kv_sinks: Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")] = 4,
     cpu_linear: Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help="Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU).")] = None,
     tp: Annotated[bool, typer.Option("--tp", help=TP_HELP)] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template (instruct models); print only the reply.")] = False,
+    trace: Annotated[str | None, typer.Option(help="Write an HTML page of every round's drafted tree to this path.")] = None,
 ) -> None:
-    """Generate text with speculative decoding and print a one-line summary."""
+    """Generate text with speculative decoding, streamed as rounds commit it, and print a one-line summary."""
     import torch
 
     from . import models
@@ -140,9 +142,16 @@ def generate(
         dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
                                       dtype=torch_dtype, device=device, tokenizer=tok,
                                       allow_vocab_mismatch=allow_vocab_mismatch)
-    ids = tok(prompt, return_tensors="pt").input_ids
+    from .chat import EchoStreamer, chat_eos, chat_prompt
+    from .distributed import rank
+
+    eos = None
+    if chat:
+        ids, eos = chat_prompt(tok, [{"role": "user", "content": prompt}]), chat_eos(tmodel, tok)
+    else:
+        ids = tok(prompt, return_tensors="pt").input_ids
     engine, compile, buckets = resolve_engine(tmodel, engine, compile, None, kv_window)
-    common = dict(max_new_tokens=max_new_tokens, truncate_prompt=truncate_prompt,
+    common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
                   allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, draft_temperature=draft_temperature, engine=engine, compile=compile, buckets=buckets,
                   kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
@@ -151,15 +160,22 @@ def generate(
 
         precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, compile=compile, buckets=buckets,
                    cpu_linear=cpu_linear)
-    result = run(tmodel, dmodel, ids, policy, **common)
+    main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
+    streamer = EchoStreamer(tok) if main else None  # prints each round's tokens as soon as it commits
+    if main and not chat:
+        typer.echo(prompt, nl=False)
+    try:
+        result = run(tmodel, dmodel, ids, policy, **common, on_round=streamer.on_round if streamer else None,
+                     trace=trace if main else None, tokenizer=tok)
+    finally:
+        if streamer is not None:
+            streamer.end()
     # --compare: the same prompt autoregressively, on every rank (under torchrun the runs are collective)
     reference = run(tmodel, None, ids, "autoregressive", **common) if compare else None
-    from .distributed import rank
-
-    if rank() != 0:  # under torchrun every rank ran the same decoding; one prints
+    if not main:
         return
-    new = result.sequences[0, result.stats.prompt_tokens:]
-    typer.echo(prompt + tok.decode(new, skip_special_tokens=True))
+    if trace is not None:
+        typer.secho(f"trace: {trace}", err=True)
     s = result.stats
     setup = f"{engine}{' compiled' if compile else ''} engine | threads {torch.get_num_threads()} | {device} {dtype}"
     budget = [r.policy_state["budget"] for r in s.rounds if "budget" in r.policy_state]
@@ -180,6 +196,65 @@ def generate(
             f"{s.tokens_per_second / max(base.tokens_per_second, 1e-9):.2f}x speedup{same} | {setup}",
             fg=typer.colors.CYAN, err=True,
         )
+
+
+@app.command("chat")
+@friendly_errors
+def chat_command(
+    target: Annotated[str, typer.Option(help="Target model (an instruct model with a chat template).")] = "smollm2-135m",
+    draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
+    strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 256,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable).")] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt.")] = None,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (exact); > 0 samples losslessly from the target.")] = 0.0,
+    top_k: Annotated[int | None, typer.Option(help="Top-k on the target distribution (sampling only).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 | float16 | bfloat16")] = "float32",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+) -> None:
+    """Chat in the terminal: replies stream as rounds commit; a status line gives each turn's speed
+    and tokens per round. /reset forgets the conversation, /exit (or Ctrl-D) quits."""
+    from . import models
+    from .chat import ChatSession, status_line
+    from .policies import make_policy
+
+    set_threads(threads)
+    if max_new_tokens < 1:
+        raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
+    policy = make_policy(strategy, **parse_options(option))
+    torch_dtype = models.parse_dtype(dtype)
+    tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
+    if not getattr(tok, "chat_template", None):
+        raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
+    dmodel = None
+    if policy.uses_draft:
+        dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
+                                      dtype=torch_dtype, device=device, tokenizer=tok)
+    session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
+    while True:
+        try:
+            typer.echo("you> ", nl=False)  # on stdout: input()'s own prompt goes to stderr on a tty
+            text = input()
+        except EOFError:
+            typer.echo()
+            break
+        command = text.strip()
+        if command in ("/exit", "/quit"):
+            break
+        if command == "/reset":
+            session.reset()
+            typer.secho("(conversation cleared)", dim=True)
+            continue
+        if not command:
+            continue
+        typer.echo("bot> ", nl=False)
+        result = session.turn(text)
+        typer.secho(status_line(result.stats), fg=typer.colors.CYAN, dim=True)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -15,7 +15,8 @@ import contextlib
 import sys
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from os import PathLike
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from .draft import Drafter
 from .errors import DynaTreeError
 from .policies import DraftPolicy, RoundFeedback, make_policy
 from .sampling import DRAFT_TEMPERATURE, DraftSampler, SamplesDraft, SamplingConfig, make_generator
-from .stats import GenerationResult, GenerationStats, RoundStats
+from .stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
 from .streaming import StreamingConfig, StreamingKV, find_rope
 from .tree import TreeBuilder
 from .verify import greedy_accept, sample_accept, tree_forward
@@ -58,6 +59,8 @@ def generate(
     kv_window: int | None = None,
     kv_sinks: int = 4,
     cpu_linear: bool | None = None,
+    on_round: Callable[[RoundEvent], None] | None = None,
+    trace: str | PathLike | None = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -108,6 +111,11 @@ def generate(
             (:mod:`dynatree.kernels.cpu_linear`): on the CPU it was measured on, a tree of a few
             nodes then costs less than one ``F.linear`` step. None: on for CPU models. Applies to
             the autoregressive baseline too, so speedups compare equal machinery.
+        on_round: called after every round with its :class:`~dynatree.stats.RoundEvent` (the
+            committed tokens, the drafted tree, the accepted path): what streamers and the trace
+            page are fed from, as soon as a round commits rather than at the end.
+        trace: write a self-contained HTML page of every round's tree to this path
+            (:mod:`dynatree.trace`; token text needs ``tokenizer``).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     policy = make_policy(strategy, **strategy_options)
@@ -171,8 +179,18 @@ def generate(
 
             policy.use_cost_model(profile_for(target_kv, target, engine, compile, lazy_head, buckets,
                                               static["cpu_linear"], log=notice))
-        return _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
-                       stop_text, lazy_head, sync)
+        recorder = None
+        if trace is not None:
+            from .trace import TraceRecorder
+
+            recorder = TraceRecorder(tokenizer, on_round)
+            on_round = recorder
+        result = _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
+                         stop_text, lazy_head, sync, on_round)
+    if recorder is not None:
+        recorder.write(trace, result, policy)
+    return result
+
 
 
 # "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
@@ -326,6 +344,7 @@ def _decode(
     stop_text: "StopText | None" = None,
     lazy_head: bool = False,
     sync: "distributed.RankSync | None" = None,
+    on_round: Callable[[RoundEvent], None] | None = None,
 ) -> GenerationResult:
     clock = _Clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
@@ -394,6 +413,8 @@ def _decode(
         )
         policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path),
                                      overhead_ms=1e3 * (t1 - t0 + t3 - t2)))
+        if on_round is not None:
+            on_round(RoundEvent(new, tree, path, bonus, stats.rounds[-1]))
         if new[-1] in stop or hit:
             break
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .tree import TokenTree
+
 
 @dataclass
 class RoundStats:
@@ -26,6 +28,22 @@ class RoundStats:
     t_verify: float
     t_commit: float
     policy_state: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """What one round did, handed to ``generate(on_round=...)`` as soon as it commits.
+
+    ``tokens`` are the committed tokens (after EOS / budget / stop-string truncation); ``path`` are
+    the accepted tree nodes (indices into ``tree``, root excluded) and ``bonus`` the target's own
+    token after them, *before* truncation, so a trace can show what verification decided.
+    """
+
+    tokens: list[int]
+    tree: TokenTree
+    path: list[int]
+    bonus: int
+    stats: RoundStats
 
 
 @dataclass
