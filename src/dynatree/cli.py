@@ -6,17 +6,17 @@ code 2 -- no traceback from deep inside torch.
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from .cli_common import TP_HELP, friendly_errors, parse_options, set_threads
+from .distill_config import DEFAULT_TARGET, DistillConfig
 from .errors import DynaTreeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
-F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
@@ -26,59 +26,6 @@ DEFAULT_PROMPT = (
 @app.callback()
 def _root() -> None:
     """dynatree: exact tree-based speculative decoding for HuggingFace causal LMs."""
-
-
-def friendly_errors(fn: F) -> F:
-    """Turn DynaTreeError into a one-line message and exit code 2; Ctrl-C into exit code 130."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DynaTreeError as err:
-            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            typer.secho("interrupted", err=True)
-            raise typer.Exit(130) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def parse_options(items: list[str] | None) -> dict[str, Any]:
-    """``["k=5", "tau=0.1", "history=false"]`` -> ``{"k": 5, "tau": 0.1, "history": False}``."""
-    options: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise DynaTreeError(f"strategy option '{item}' must look like name=value")
-        options[key.strip().replace("-", "_")] = parse_value(raw.strip())
-    return options
-
-
-def parse_value(raw: str) -> Any:
-    low = raw.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-TP_HELP = ("Shard the target over the torchrun processes (tensor parallelism, transformers' tp_plan); the "
-           "draft is replicated. Launch: torchrun --nproc-per-node N -m dynatree generate --tp ...")
-
-
-def set_threads(threads: int | None) -> None:
-    if threads is not None:
-        import torch
-
-        if threads < 1:
-            raise DynaTreeError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
 
 
 @app.command()
@@ -257,11 +204,52 @@ def chat_command(
         typer.secho(status_line(result.stats), fg=typer.colors.CYAN, dim=True)
 
 
+@app.command("distill")
+@friendly_errors
+def distill_command(
+    target: str = DEFAULT_TARGET,
+    layers: int = DistillConfig.layers,
+    vocab_subset: int = DistillConfig.vocab_subset,
+    steps: int = DistillConfig.steps,
+    batch: int = DistillConfig.batch,
+    seq_len: int = DistillConfig.seq_len,
+    lr: float = DistillConfig.lr,
+    top_k: int = DistillConfig.top_k,
+    train_sequences: int = DistillConfig.train_sequences,
+    eval_sequences: int = DistillConfig.eval_sequences,
+    seed: int = DistillConfig.seed,
+    corpora: str = DistillConfig.corpora,
+    out: Path = Path("distilled-draft"),
+    resume: bool = True,
+    threads: int | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+) -> None:
+    """Distil a small draft model for TARGET from offline prose and the target's own outputs.
+
+    Resumable: rerun the same command after an interruption. The result is written to
+    OUT/final (model.safetensors, config.json, metrics.json); load it with
+    ``dynatree.distill.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
+    trains on a GPU (the target in fp32, like on CPU, so labels do not depend on the device's
+    fp16 rounding): labelling is the cost that limits the draft on a CPU.
+    """
+    from .distill import distill_with_target  # torch and transformers only when the command runs
+
+    set_threads(threads)
+    cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
+                        seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
+                        eval_sequences=eval_sequences, seed=seed, corpora=corpora)
+    final, metrics = distill_with_target(target, cfg, out=out, resume=resume, device=device, progress=progress)
+    typer.echo(f"draft written to {final}: held-out greedy agreement {metrics['generated']:.1%}, "
+               f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")
+
+
 def main() -> None:  # pragma: no cover - console entry point
     sys.exit(app())
 
 
-from .bench import commands as _bench_commands  # noqa: E402,F401  (registers bench, sweep, report)
-from .distill import distill_cli  # noqa: E402
+# bench, sweep and report live in bench/commands.py; the CLI registers them (one import direction).
+from .bench import commands as _bench  # noqa: E402
 
-app.command("distill")(friendly_errors(distill_cli))
+for _command in (_bench.bench, _bench.sweep, _bench.report):
+    app.command()(_command)

@@ -38,10 +38,10 @@ from torch import nn
 
 from . import corpora
 from .corpora import Text, is_held_out
+from .distill_config import DEFAULT_TARGET, DistillConfig
 from .distilled import DistilledDraft, DraftConfig, TargetFingerprint, _atomic, save_draft
 from .errors import DynaTreeError
 
-DEFAULT_TARGET = "smollm2-135m"
 DATA_FILE = "data.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
 LOG_FILE = "train_log.jsonl"
@@ -54,64 +54,6 @@ CHAT_INSTRUCTIONS = (
     "Explain the following passage in simple words.",
     "What is the main point of this passage?",
 )
-
-
-# ------------------------------------------------------------------------------- configuration
-@dataclass(frozen=True)
-class DistillConfig:
-    """Everything that decides the trained weights (data, architecture, optimisation).
-
-    A checkpoint is only resumed when its ``DistillConfig`` equals the current one; the labelled
-    data file is reused when the data fields (:meth:`data_key`) are equal.
-    """
-
-    layers: int = 2
-    vocab_subset: int = 4096
-    steps: int = 600
-    batch: int = 16
-    seq_len: int = 160
-    lr: float = 1e-3
-    warmup: int = 50
-    weight_decay: float = 0.01
-    top_k: int = 8
-    corpora: str = "pydoc,licences"  # comma-separated, see documents_for(); the shipped draft's
-    prompt_tokens: int = 96
-    new_tokens: int = 64
-    train_sequences: int = 768
-    eval_sequences: int = 64
-    chat_fraction: float = 0.5
-    gen_batch: int = 32
-    holdout_every: int = 8
-    checkpoint_every: int = 50
-    eval_every: int = 100
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        positive = ("layers", "vocab_subset", "steps", "batch", "seq_len", "top_k",
-                    "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
-                    "gen_batch", "holdout_every", "checkpoint_every", "eval_every")
-        for name in positive:
-            if int(getattr(self, name)) <= 0:
-                raise DynaTreeError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if not self.lr > 0 or self.warmup < 0 or self.weight_decay < 0:
-            raise DynaTreeError("lr must be > 0; warmup and weight_decay must be >= 0")
-        if not 0.0 <= self.chat_fraction <= 1.0:
-            raise DynaTreeError(f"chat_fraction must lie in [0, 1], got {self.chat_fraction}")
-        if self.seq_len > self.prompt_tokens + self.new_tokens:
-            raise DynaTreeError(f"seq_len ({self.seq_len}) cannot exceed prompt_tokens + new_tokens "
-                                f"({self.prompt_tokens + self.new_tokens}): every labelled "
-                                "sequence has exactly that length")
-        unknown = set(self.corpora.split(",")) - set(CORPUS_NAMES)
-        if unknown or not self.corpora:
-            raise DynaTreeError(f"corpora must be a comma-separated subset of {','.join(CORPUS_NAMES)}, "
-                                f"got {self.corpora!r}")
-        if self.holdout_every < 2:
-            raise DynaTreeError("holdout_every must be >= 2 (1 would hold out every document)")
-
-    def data_key(self) -> dict[str, Any]:
-        keys = ("corpora", "top_k", "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
-                "chat_fraction", "holdout_every", "seed")
-        return {k: getattr(self, k) for k in keys}
 
 
 # ---------------------------------------------------------------------------------- the corpus
@@ -137,7 +79,6 @@ def _prose_paragraphs(text: str) -> list[str]:
     return keep
 
 
-CORPUS_NAMES = ("pydoc", "licences", "wiki", "books")
 _LOCAL_PREFIX = {"pydoc": "pydoc", "licences": "licence"}  # document-name prefix of offline_corpus()
 
 
@@ -576,46 +517,16 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
 
 
 # ---------------------------------------------------------------------------------------- CLI
-def distill_cli(
-    target: str = DEFAULT_TARGET,
-    layers: int = DistillConfig.layers,
-    vocab_subset: int = DistillConfig.vocab_subset,
-    steps: int = DistillConfig.steps,
-    batch: int = DistillConfig.batch,
-    seq_len: int = DistillConfig.seq_len,
-    lr: float = DistillConfig.lr,
-    top_k: int = DistillConfig.top_k,
-    train_sequences: int = DistillConfig.train_sequences,
-    eval_sequences: int = DistillConfig.eval_sequences,
-    seed: int = DistillConfig.seed,
-    corpora: str = DistillConfig.corpora,
-    out: Path = Path("distilled-draft"),
-    resume: bool = True,
-    threads: int | None = None,
-    device: str = "cpu",
-    progress: bool = True,
-) -> None:
-    """Distil a small draft model for TARGET from offline prose and the target's own outputs.
-
-    Resumable: rerun the same command after an interruption. The result is written to
-    OUT/final (model.safetensors, config.json, metrics.json); load it with
-    ``dynatree.distill.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
-    trains on a GPU (the target in fp32, like on CPU, so labels do not depend on the device's
-    fp16 rounding): labelling is the cost that limits the draft on a CPU.
-    """
+def distill_with_target(target: str, cfg: DistillConfig, *, out: Path, resume: bool = True,
+                        device: str = "cpu", progress: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Load ``target`` (a preset, path or hub id) on ``device`` and run :func:`distill`; returns the
+    final folder and its held-out metrics. What ``dynatree distill`` runs."""
     from .models import load_model  # local: model loading pulls in optional dependencies
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
-                        seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
-                        eval_sequences=eval_sequences, seed=seed, corpora=corpora)
     model, tokenizer = load_model(target, device=device)  # checks the device first (one-line errors)
     final = distill(model, tokenizer, out_dir=out, config=cfg, target_name=target,
                     resume=resume, progress=progress)
-    metrics = json.loads((final / "metrics.json").read_text())["eval"]
-    print(f"draft written to {final}: held-out greedy agreement {metrics['generated']:.1%}, "
-          f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")
+    return final, json.loads((final / "metrics.json").read_text())["eval"]
 
 
 # ------------------------------------------------------------------------------------ helpers

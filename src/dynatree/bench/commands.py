@@ -1,4 +1,4 @@
-"""``dynatree bench``, ``dynatree sweep`` and ``dynatree report``, registered on the main CLI app.
+"""``dynatree bench``, ``dynatree sweep`` and ``dynatree report`` (``cli.py`` registers them on the app).
 
 Heavy modules (torch, transformers, matplotlib) are imported inside the commands so ``--help``
 stays fast. Every command writes results row by row (flush + fsync): Ctrl-C or a crash leaves all
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..cli import TP_HELP, app, friendly_errors, set_threads
+from ..cli_common import TP_HELP, friendly_errors, set_threads
 from ..errors import DynaTreeError
 
 if TYPE_CHECKING:
@@ -181,7 +181,6 @@ def _finish(outcomes: list[Any], output: Path) -> None:
         typer.secho("greedy check: every run reproduced the autoregressive output", fg=typer.colors.GREEN, err=True)
 
 
-@app.command()
 @friendly_errors
 def bench(
     target: Target = "smollm2-135m",
@@ -251,7 +250,6 @@ def bench(
         _finish([outcome], output)
 
 
-@app.command()
 @friendly_errors
 def sweep(
     strategy: Annotated[str, typer.Option(help="Strategy to sweep, with fixed options: e.g. \"dynatree:history=false\".")],
@@ -308,7 +306,6 @@ def sweep(
     _finish(outcomes, output)
 
 
-@app.command()
 @friendly_errors
 def report(
     results: Annotated[Path, typer.Argument(help="Results JSONL from bench/sweep (several runs may share a file).")],

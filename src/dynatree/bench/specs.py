@@ -28,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cli import parse_value
+from ..cli_common import parse_value
 from ..errors import DynaTreeError
 from ..policies import make_policy
 

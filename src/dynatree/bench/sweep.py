@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..cli import parse_value
+from ..cli_common import parse_value
 from ..errors import DynaTreeError
 from .runner import BenchOutcome, BenchSettings, Prompt, RowCallback, run_bench
 from .specs import AUTOREGRESSIVE, StrategySpec, dedupe_labels, format_spec

@@ -1,0 +1,91 @@
+"""Code structure that keeps the package easy to extend: no import cycles, a CLI that loads fast.
+
+Both checks are static or subprocess-based, never timed: "fast" is "imports neither torch nor
+transformers", which is what made ``dynatree --help`` take seconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def module_imports(root: Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports at module level (function-level imports and
+    ``if TYPE_CHECKING:`` blocks excluded: they do not run at import time)."""
+    names = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        names[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {name: set() for name in names}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for alias in node.names:
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in names else base
+                    if target in names and target != name:
+                        graph[name].add(target)
+            elif isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in names and a.name != name}
+    return graph
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path (first module repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    graph = module_imports(SRC / "dynatree")
+    assert len(graph) > 30 and graph["dynatree.cli"]  # the scan really read the package
+    assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("import typing\nfrom ..a import thing\n")
+    (pkg / "c.py").write_text("def f():\n    from . import a\n")  # function-level: not a cycle edge
+    assert cycle(module_imports(pkg)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import x\n")
+    assert cycle(module_imports(pkg)) is None
+
+
+@pytest.mark.parametrize("module", ["dynatree.cli", "dynatree"])
+def test_the_cli_loads_without_torch_or_transformers(module: str) -> None:
+    code = (f"import sys, {module}; heavy = [m for m in ('torch', 'transformers') if m in sys.modules]; "
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(SRC), "PATH": ""})
+    assert out.stdout.strip() == "", f"importing {module} pulled in {out.stdout.strip()}"
