@@ -229,7 +229,7 @@ def distill_command(
 
     Resumable: rerun the same command after an interruption. The result is written to
     OUT/final (model.safetensors, config.json, metrics.json); load it with
-    ``dynatree.distill.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
+    ``dynatree.distilled.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
     trains on a GPU (the target in fp32, like on CPU, so labels do not depend on the device's
     fp16 rounding): labelling is the cost that limits the draft on a CPU.
     """
