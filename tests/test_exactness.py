@@ -16,16 +16,9 @@ import torch
 
 import dynatree
 from dynatree import STRATEGIES
-from tiny import ARCHS, VOCAB, hf_greedy, perturbed, tiny_model
+from tiny import ARCHS, SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model
 
-# Small trees keep the suite fast; wide enough to have siblings and several levels.
-OPTIONS: dict[str, dict] = {
-    "linear": {"k": 4},
-    "fixed": {"depth": 4, "branch": 2, "tau": 0.0, "max_nodes": 24},
-    "dynatree": {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2},
-    "dyspec": {"max_nodes": 24},
-    "dyspec-threshold": {"threshold": 0.01, "max_nodes": 24},
-}
+OPTIONS = SMALL_TREES
 DRAFTS = ("self", "random", "perturbed")
 
 

@@ -20,18 +20,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import dynatree.hf
 from dynatree import STRATEGIES, DynaTreeError
-from tiny import perturbed, tiny_model
+from tiny import SMALL_TREES, perturbed, tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-# Small trees with siblings and several levels (as in test_exactness).
-OPTIONS: dict[str, dict] = {
-    "linear": {"k": 4},
-    "fixed": {"depth": 4, "branch": 2, "tau": 0.0, "max_nodes": 24},
-    "dynatree": {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2},
-    "dyspec": {"max_nodes": 24},
-    "dyspec-threshold": {"threshold": 0.01, "max_nodes": 24},
-}
+OPTIONS = SMALL_TREES
 
 
 @functools.lru_cache(maxsize=None)

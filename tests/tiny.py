@@ -26,6 +26,16 @@ from transformers import (
 )
 
 ARCHS = ("llama", "gpt2", "neox", "qwen2")
+
+# Small trees with siblings and several levels: every strategy exercises branching and depth while
+# the exactness-style tests stay fast.
+SMALL_TREES: dict[str, dict] = {
+    "linear": {"k": 4},
+    "fixed": {"depth": 4, "branch": 2, "tau": 0.0, "max_nodes": 24},
+    "dynatree": {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2},
+    "dyspec": {"max_nodes": 24},
+    "dyspec-threshold": {"threshold": 0.01, "max_nodes": 24},
+}
 #: Sliding-window targets: every layer (Mistral), interleaved with full layers through
 #: ``layer_types`` (Gemma 3), and Qwen2's ``use_sliding_window`` above ``max_window_layers``.
 WINDOW_ARCHS = ("mistral", "gemma3", "qwen2-sw")
