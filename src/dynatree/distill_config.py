@@ -21,18 +21,18 @@ class DistillConfig:
 
     layers: int = 2
     vocab_subset: int = 4096
-    steps: int = 600
+    steps: int = 500
     batch: int = 16
     seq_len: int = 160
     lr: float = 1e-3
     warmup: int = 50
     weight_decay: float = 0.01
     top_k: int = 8
-    corpora: str = "pydoc,licences"  # comma-separated, see documents_for(); the shipped draft's
+    corpora: str = "pydoc,licences,wiki,books"  # comma-separated, see distill.documents_for()
     prompt_tokens: int = 96
     new_tokens: int = 64
-    train_sequences: int = 768
-    eval_sequences: int = 64
+    train_sequences: int = 2048
+    eval_sequences: int = 128
     chat_fraction: float = 0.5
     gen_batch: int = 32
     holdout_every: int = 8
