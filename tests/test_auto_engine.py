@@ -23,7 +23,7 @@ def test_tiny_model_stays_eager(model) -> None:
 
 def test_real_model_compiles_only_with_graphs_or_on_request(model, monkeypatch) -> None:
     monkeypatch.setattr(engine_mod, "AUTO_MIN_PARAMS", 1)
-    monkeypatch.setattr(engine_mod, "_can_compile", lambda: True)
+    monkeypatch.setattr(engine_mod, "_can_compile", lambda device: True)
     assert resolve_engine(model) == ("hf", False, None)  # CPU, nothing compiled yet: eager hf
     assert resolve_engine(model, compile=True) == ("static", True, CPU_AUTO_BUCKETS)
     assert resolve_engine(model, compile=True, buckets=(1, 4)) == ("static", True, (1, 4))
@@ -31,7 +31,7 @@ def test_real_model_compiles_only_with_graphs_or_on_request(model, monkeypatch) 
     monkeypatch.setattr(engine_mod, "_compiled_buckets", lambda m: (1, 8))
     assert resolve_engine(model) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
     assert resolve_engine(model, compile=False) == ("hf", False, None)  # --no-compile
-    monkeypatch.setattr(engine_mod, "_can_compile", lambda: False)
+    monkeypatch.setattr(engine_mod, "_can_compile", lambda device: False)
     assert resolve_engine(model) == ("hf", False, None)
 
 

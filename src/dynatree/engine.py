@@ -227,7 +227,7 @@ def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool 
     device = next(target.parameters()).device.type
     built = _compiled_buckets(target)
     if compile is None:
-        compile = _can_compile() and (device == "cuda" or built is not None)
+        compile = _can_compile(device) and (device == "cuda" or built is not None)
     if not compile:  # uncompiled, the static engine is no faster than hf (engine_ab.jsonl): keep hf
         return "hf", False, buckets
     if buckets is None:  # reuse the graphs already built rather than compiling other buckets
@@ -240,15 +240,15 @@ def _compiled_buckets(model: torch.nn.Module) -> tuple[int, ...] | None:
     return next((kv.buckets for kv in _STATIC.get(model, {}).values() if kv._compiled), None)
 
 
-def _can_compile() -> bool:
-    """torch.compile needs a working inductor backend (a C++ compiler on CPU)."""
-    try:
-        import shutil
+def _can_compile(device: str) -> bool:
+    """Whether torch.compile can build code here: the same check ``compile=True`` refuses with."""
+    from .devices import check_compiler
 
-        from torch._inductor import cpp_builder  # noqa: F401
-        return shutil.which("g++") is not None or shutil.which("c++") is not None or shutil.which("clang++") is not None
-    except Exception:  # noqa: BLE001 - any import problem means "do not auto-compile"
+    try:
+        check_compiler(torch.device(device))
+    except DynaTreeError:
         return False
+    return True
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()

@@ -196,10 +196,9 @@ def _run(
     sampling = {"temperature": 0.0}
     if config.do_sample:
         sampling = {"temperature": float(config.temperature), "top_k": config.top_k, "top_p": config.top_p}
-    on_round = None
-    if streamer is not None:
-        def on_round(event: RoundEvent) -> None:
-            streamer.put(torch.tensor(event.tokens, dtype=torch.long))
+    def put(event: RoundEvent) -> None:
+        streamer.put(torch.tensor(event.tokens, dtype=torch.long))
+    on_round = put if streamer is not None else None
     try:
         result = _engine_generate(
             model, draft, input_ids, strategy, max_new_tokens=max_new, eos_token_id=[] if eos is None else eos,
