@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,6 +26,19 @@ DEFAULT_PROMPT = (
 @app.callback()
 def _root() -> None:
     """dynatree: exact tree-based speculative decoding for HuggingFace causal LMs."""
+
+
+def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str,
+              allow_vocab_mismatch: bool = False) -> tuple[Any, Any, Any]:
+    """Target, draft (None when the strategy drafts nothing; "default" = the shipped draft) and tokenizer."""
+    from . import models
+
+    tmodel, tok = models.load_model(target, dtype=dtype, device=device)
+    dmodel = None
+    if uses_draft:
+        dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel, dtype=dtype,
+                                      device=device, tokenizer=tok, allow_vocab_mismatch=allow_vocab_mismatch)
+    return tmodel, dmodel, tok
 
 
 @app.command()
@@ -83,12 +96,7 @@ def generate(
         device = str(tmodel.device)
     else:
         check_device(device, torch_dtype, compile=compile)  # before loading anything
-        tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
-        dmodel = None
-    if policy.uses_draft and not tp:
-        dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
-                                      dtype=torch_dtype, device=device, tokenizer=tok,
-                                      allow_vocab_mismatch=allow_vocab_mismatch)
+        tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device, allow_vocab_mismatch)
     from .chat import EchoStreamer, chat_eos, chat_prompt
     from .distributed import rank
 
@@ -173,13 +181,9 @@ def chat_command(
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))
     torch_dtype = models.parse_dtype(dtype)
-    tmodel, tok = models.load_model(target, dtype=torch_dtype, device=device)
+    tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device)
     if not getattr(tok, "chat_template", None):
         raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
-    dmodel = None
-    if policy.uses_draft:
-        dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel,
-                                      dtype=torch_dtype, device=device, tokenizer=tok)
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
