@@ -104,12 +104,17 @@ class CachedModel:
     def length(self) -> int:
         return cache_length(self.cache)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Cache ``tokens`` with plain causal attention (no logits are needed)."""
-        if tokens:
-            q = len(tokens)
-            self.forward(tokens, torch.arange(self.length, self.length + q), torch.ones(q, q, dtype=torch.bool).tril(),
-                         self.length, last_only=True)
+    def prefill(self, tokens: Sequence[int], hidden: bool = False) -> torch.Tensor | None:
+        """Cache ``tokens`` with plain causal attention (no logits are needed). With ``hidden``,
+        return their final hidden states ``[q, H]`` (the features a feature-conditioned draft reads)."""
+        q = len(tokens)
+        if not q:
+            return torch.zeros(0, self.model.config.hidden_size, dtype=self.dtype, device=self.device) if hidden else None
+        args = (tokens, torch.arange(self.length, self.length + q), torch.ones(q, q, dtype=torch.bool).tril(), self.length)
+        if hidden:
+            return self.forward_hidden(*args)
+        self.forward(*args, last_only=True)
+        return None
 
     def forward(
         self,
@@ -120,6 +125,13 @@ class CachedModel:
         last_only: bool = False,
     ) -> torch.Tensor:
         """Run ``tokens`` at ``positions``; returns float logits ``[q, V]`` (``[1, V]`` if last_only)."""
+        out = self.call(tokens, positions, visible, since, logits_to_keep=1 if last_only else 0)
+        return out.logits[0, :, : self.vocab_size].float()
+
+    def call(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+             **inputs: Any) -> Any:
+        """One model call on the cache (mask and positions as in :meth:`forward`) with extra model
+        ``inputs`` (a feature draft's ``features``); returns the model's raw output."""
         self.calls += 1
         with self._layout():
             out = self.model(
@@ -128,10 +140,10 @@ class CachedModel:
                 position_ids=positions.view(1, -1).to(self.device),
                 past_key_values=self.cache,
                 use_cache=True,
-                logits_to_keep=1 if last_only else 0,
+                **inputs,
             )
         self._track(positions)
-        return out.logits[0, :, : self.vocab_size].float()
+        return out
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         compact(self.cache, start, keep)
@@ -220,6 +232,7 @@ class StaticCachedModel(CachedModel):
                                  for x in self.cache.layers]
             self.pos = torch.zeros(self.capacity, dtype=torch.long)
         self._length = 0
+        self._prefilling = False
         # The compiled step stops before the LM head when the head is a plain Linear: the head is
         # then applied to the real rows only (not the bucket's padding), or lazily per tree node.
         self._hidden = self.plain_head()
@@ -252,14 +265,22 @@ class StaticCachedModel(CachedModel):
 
     PREFILL_CHUNK = 256
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int], hidden: bool = False) -> torch.Tensor | None:
         """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens. Chunks larger than the
         largest bucket run the *uncompiled* step unpadded (one trace per prompt length would be
         worse): with small buckets (e.g. 1, 2, 4 on a CPU) a prompt would otherwise take dozens of
         calls."""
         step = max(self.buckets[-1], self.PREFILL_CHUNK)
-        for i in range(0, len(tokens), step):
-            super().prefill(list(tokens[i : i + step]))
+        parts = []
+        self._prefilling = True  # chunks above the largest bucket may run eager and unpadded
+        try:
+            for i in range(0, len(tokens), step):
+                parts.append(super().prefill(list(tokens[i : i + step]), hidden))
+        finally:
+            self._prefilling = False
+        if not hidden:
+            return None
+        return torch.cat(parts) if parts else super().prefill([], hidden)
 
     def precompile(self) -> None:
         """Run one causal call per bucket (compiling its graph if compiled), then empty the cache."""
@@ -315,7 +336,7 @@ class StaticCachedModel(CachedModel):
             raise DynaTreeError(f"static cache capacity {self.capacity - self.buckets[-1]} exceeded ({length + q} rows)")
         bucket = next((b for b in self.buckets if b >= q), None)
         step = self._step
-        if bucket is None and last_only and q <= self.PREFILL_CHUNK:  # a prefill chunk: eager, unpadded
+        if bucket is None and (last_only or self._prefilling) and q <= self.PREFILL_CHUNK:  # a prefill chunk: eager, unpadded
             bucket, step = q, self._raw_step
         if bucket is None:
             raise DynaTreeError(f"a call of {q} tokens exceeds the largest static bucket ({self.buckets[-1]}); use engine='hf'")

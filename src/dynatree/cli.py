@@ -223,6 +223,9 @@ def distill_command(
     eval_sequences: int = DistillConfig.eval_sequences,
     seed: int = DistillConfig.seed,
     corpora: str = DistillConfig.corpora,
+    kind: Annotated[str, typer.Option(help="independent (tokens only) or feature (reads the target's hidden "
+                                           "states, the EAGLE idea)")] = DistillConfig.kind,
+    unroll: Annotated[int, typer.Option(help="feature drafts: tree levels trained per step")] = DistillConfig.unroll,
     out: Path = Path("distilled-draft"),
     resume: bool = True,
     threads: int | None = None,
@@ -242,7 +245,7 @@ def distill_command(
     set_threads(threads)
     cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
                         seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
-                        eval_sequences=eval_sequences, seed=seed, corpora=corpora)
+                        eval_sequences=eval_sequences, seed=seed, corpora=corpora, kind=kind, unroll=unroll)
     final, metrics = distill_with_target(target, cfg, out=out, resume=resume, device=device, progress=progress)
     typer.echo(f"draft written to {final}: held-out greedy agreement {metrics['generated']:.1%}, "
                f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")

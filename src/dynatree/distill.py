@@ -412,6 +412,48 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
         raw_generated=rate(gen & ~chat), positions=int(gen.sum()))
 
 
+def labelled_data(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: DistillConfig,
+                  documents: Sequence[Text] | None = None, progress: bool = True
+                  ) -> tuple[LabelledData, LabelledData]:
+    """Steps 1-2 of :func:`distill`: (train, held-out) target labels, from ``data.pt`` when it was
+    made with the same data settings for the same target, else built and labelled (resumable)."""
+    data_path = out / DATA_FILE
+    key = json.dumps(cfg.data_key())
+    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
+    train = evals = None
+
+    if data_path.is_file():
+        saved = torch.load(data_path, weights_only=True)
+        if saved["key"] == key and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
+            train, evals = LabelledData(**saved["train"]), LabelledData(**saved["eval"])
+    if train is None or evals is None:
+        prompts = build_prompts(tokenizer, documents if documents is not None
+                                else documents_for(cfg.corpora), cfg)
+        eos = tokenizer.eos_token_id
+        # held-out first: it is small, and an interrupted run can already score other drafts on it
+        evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
+                              partial=out / "eval.partial.pt", progress=progress,
+                              desc="target labels (held-out)")
+        train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
+                              partial=out / "data.partial.pt", progress=progress,
+                              desc="target labels (train)")
+        _atomic_save({"key": key, "fingerprint": asdict(fingerprint),
+                      "train": train.as_dict(), "eval": evals.as_dict()}, data_path)
+        for name in ("eval.partial.pt", "data.partial.pt"):  # the complete data is in data.pt
+            (out / name).unlink(missing_ok=True)
+
+    return train, evals
+
+
+def _draft_config(target: nn.Module, tokenizer: Tokenizer, train: LabelledData, cfg: DistillConfig,
+                  target_name: str, kind: str = "independent") -> tuple[list[int], DraftConfig]:
+    """Step 3: the vocabulary subset (+ EOS) and the draft's architecture."""
+    always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    subset = choose_vocab_subset(train, cfg.vocab_subset, always)
+    return subset, DraftConfig.from_target(target, name=target_name, layers=cfg.layers, vocab_subset=subset,
+                                           kind=kind)
+
+
 def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLike[str],
             config: DistillConfig | None = None, target_name: str = DEFAULT_TARGET,
             documents: Sequence[Text] | None = None, resume: bool = True,
@@ -435,34 +477,9 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    data_path, ckpt_path, log_path = out / DATA_FILE, out / CHECKPOINT_FILE, out / LOG_FILE
-    key = json.dumps(cfg.data_key())
-    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
-
-    train = evals = None
-    if data_path.is_file():
-        saved = torch.load(data_path, weights_only=True)
-        if saved["key"] == key and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
-            train, evals = LabelledData(**saved["train"]), LabelledData(**saved["eval"])
-    if train is None or evals is None:
-        prompts = build_prompts(tokenizer, documents if documents is not None
-                                else documents_for(cfg.corpora), cfg)
-        eos = tokenizer.eos_token_id
-        # held-out first: it is small, and an interrupted run can already score other drafts on it
-        evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
-                              partial=out / "eval.partial.pt", progress=progress,
-                              desc="target labels (held-out)")
-        train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
-                              partial=out / "data.partial.pt", progress=progress,
-                              desc="target labels (train)")
-        _atomic_save({"key": key, "fingerprint": asdict(fingerprint),
-                      "train": train.as_dict(), "eval": evals.as_dict()}, data_path)
-        for name in ("eval.partial.pt", "data.partial.pt"):  # the complete data is in data.pt
-            (out / name).unlink(missing_ok=True)
-
-    always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    subset = choose_vocab_subset(train, cfg.vocab_subset, always)
-    dcfg = DraftConfig.from_target(target, name=target_name, layers=cfg.layers, vocab_subset=subset)
+    ckpt_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
+    train, evals = labelled_data(target, tokenizer, out, cfg, documents, progress)
+    subset, dcfg = _draft_config(target, tokenizer, train, cfg, target_name)
     draft = DistilledDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -524,8 +541,11 @@ def distill_with_target(target: str, cfg: DistillConfig, *, out: Path, resume: b
     from .models import load_model  # local: model loading pulls in optional dependencies
 
     model, tokenizer = load_model(target, device=device)  # checks the device first (one-line errors)
-    final = distill(model, tokenizer, out_dir=out, config=cfg, target_name=target,
-                    resume=resume, progress=progress)
+    train = distill
+    if cfg.kind == "feature":
+        from .distill_features import distill_features as train  # builds on this module
+
+    final = train(model, tokenizer, out_dir=out, config=cfg, target_name=target, resume=resume, progress=progress)
     return final, json.loads((final / "metrics.json").read_text())["eval"]
 
 

@@ -39,6 +39,13 @@ class DistillConfig:
     checkpoint_every: int = 50
     eval_every: int = 100
     seed: int = 0
+    #: "independent" (tokens only, :mod:`dynatree.distilled`) or "feature" (reads the target's
+    #: hidden states, :mod:`dynatree.feature_draft`; trained by :mod:`dynatree.distill_features`).
+    kind: str = "independent"
+    #: feature drafts: tree levels trained per step (level d reads the head's own predictions of
+    #: levels < d, as deeper tree levels do at run time), and the weight of the feature regression.
+    unroll: int = 3
+    feature_weight: float = 1.0
 
     def __post_init__(self) -> None:
         positive = ("layers", "vocab_subset", "steps", "batch", "seq_len", "top_k",
@@ -59,6 +66,10 @@ class DistillConfig:
         if unknown or not self.corpora:
             raise DynaTreeError(f"corpora must be a comma-separated subset of {','.join(CORPUS_NAMES)}, "
                                 f"got {self.corpora!r}")
+        if self.kind not in ("independent", "feature"):
+            raise DynaTreeError(f"kind must be 'independent' or 'feature', got {self.kind!r}")
+        if self.unroll < 1 or self.feature_weight < 0:
+            raise DynaTreeError("unroll must be >= 1 and feature_weight >= 0")
         if self.holdout_every < 2:
             raise DynaTreeError("holdout_every must be >= 2 (1 would hold out every document)")
 

@@ -36,6 +36,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 _PROBE_ROWS = 8
 _PROBE_COLS = 4
+DRAFT_KINDS = ("independent", "feature")
 
 @dataclass(frozen=True)
 class TargetFingerprint:
@@ -87,6 +88,9 @@ class DraftConfig:
     rope_parameters: dict[str, Any]
     vocab_subset: tuple[int, ...]
     fingerprint: TargetFingerprint
+    #: "independent" (:class:`DistilledDraft`, tokens only) or "feature" (reads the target's
+    #: hidden states, :class:`~dynatree.feature_draft.FeatureDraft`). Older files have no field.
+    kind: str = "independent"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -105,10 +109,12 @@ class DraftConfig:
             raise ValueError(f"vocab_subset ids must lie in [0, {self.vocab_size})")
         if tuple(self.fingerprint.shape) != (self.vocab_size, self.hidden_size):
             raise ValueError("fingerprint shape must equal (vocab_size, hidden_size)")
+        if self.kind not in DRAFT_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(DRAFT_KINDS)}, got {self.kind!r}")
 
     @classmethod
     def from_target(cls, target: nn.Module, *, name: str, layers: int,
-                    vocab_subset: Sequence[int]) -> DraftConfig:
+                    vocab_subset: Sequence[int], kind: str = "independent") -> DraftConfig:
         """Copy the target's layer geometry so target layers can initialise the draft's."""
         c = target.config
         heads = int(c.num_attention_heads)
@@ -130,6 +136,7 @@ class DraftConfig:
             rope_parameters=dict(c.rope_parameters),
             vocab_subset=tuple(sorted(int(t) for t in vocab_subset)),
             fingerprint=TargetFingerprint.of(target.get_input_embeddings().weight),
+            kind=kind,
         )
 
     def llama_config(self, vocab_size: int | None = None) -> LlamaConfig:
@@ -308,7 +315,7 @@ def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None 
             f"{cfg.fingerprint.shape[0]}x{cfg.fingerprint.shape[1]}); the given "
             f"{type(target).__name__} (embedding {got.shape[0]}x{got.shape[1]}) is a different "
             "model")
-    draft = DistilledDraft(cfg, embedding)
+    draft = draft_class(cfg.kind)(cfg, embedding)
     state = load_file(str(weights_file))
     expected = set(draft.trainable_state_dict())
     if set(state) != expected:
@@ -316,6 +323,15 @@ def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None 
                             "that do not match its config")
     draft.load_state_dict(state, strict=False)
     return draft.to(dtype=embedding.weight.dtype).eval()
+
+
+def draft_class(kind: str) -> type[DistilledDraft]:
+    """The module class of a draft ``kind`` (see :attr:`DraftConfig.kind`)."""
+    if kind == "feature":
+        from .feature_draft import FeatureDraft  # imported here: feature_draft builds on this module
+
+        return FeatureDraft
+    return DistilledDraft
 
 
 class _atomic:

@@ -23,7 +23,8 @@ import torch
 
 from . import distributed
 from .cache import CachedModel, StaticCachedModel
-from .draft import Drafter
+from .draft import Drafter, FeatureDrafter
+from .feature_draft import uses_target_features
 from .errors import DynaTreeError
 from .policies import DraftPolicy, RoundFeedback, make_policy
 from .sampling import DRAFT_TEMPERATURE, DraftSampler, SamplesDraft, SamplingConfig, make_generator
@@ -138,6 +139,9 @@ def generate(
         _check_vocab(target, draft, allow_vocab_mismatch)
     models = [target] + ([draft] if policy.uses_draft else [])
     streaming = None
+    if kv_window is not None and policy.uses_draft and uses_target_features(draft):
+        raise DynaTreeError("kv_window is not supported with a feature-conditioned draft (its features would "
+                            "have to be evicted with the cache); use an independent draft")
     if kv_window is not None:
         streaming = StreamingConfig(kv_window, kv_sinks)
         ropes = [find_rope(m) for m in models]
@@ -174,6 +178,9 @@ def generate(
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
+        if draft_kv is not None and uses_target_features(draft) and not target_kv.supports_lazy_head():
+            raise DynaTreeError(f"a feature-conditioned draft reads the target's final hidden states, but "
+                                f"{type(target).__name__}'s logits are not head(hidden states) exactly")
         if streaming is None and getattr(policy, "wants_cost_model", lambda: False)():
             from .costmodel import profile_for  # the tree budget from the measured verify cost
 
@@ -303,7 +310,10 @@ def _cached_pair(target: torch.nn.Module, draft: torch.nn.Module | None, vocab: 
     also holds expanded nodes of several levels)."""
     big = StaticCachedModel.BUCKETS[-1]
     target_kv = cached_model(target, vocab, engine, rows + big, static)
-    draft_kv = cached_model(draft, vocab, engine, rows + 4 * big, static) if draft is not None else None
+    # A feature draft's calls take the target's features as an extra input: eager hf engine (it is
+    # one small layer, so the static engine's fixed shapes would buy it little).
+    draft_engine = "hf" if uses_target_features(draft) else engine
+    draft_kv = cached_model(draft, vocab, draft_engine, rows + 4 * big, static) if draft is not None else None
     return target_kv, draft_kv
 
 
@@ -352,10 +362,12 @@ def _decode(
     start = clock()
 
     # 0. Prefill: cache every prompt token but the last, which becomes the first round's root.
-    target.prefill(prompt[:-1])
-    drafter = Drafter(draft) if draft is not None else None
+    #    A feature draft also gets the target's final hidden states of those tokens.
+    drafter = None if draft is None else FeatureDrafter(draft) if uses_target_features(draft.model) else Drafter(draft)
+    features = drafter is not None and drafter.wants_features
+    hidden = target.prefill(prompt[:-1], hidden=features)
     if drafter is not None:
-        drafter.prefill(prompt)
+        drafter.prefill(prompt, hidden)
     stats.t_prefill = clock() - start
 
     out: list[int] = []
@@ -370,7 +382,7 @@ def _decode(
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
         prefix = target.length
-        logits, rows = tree_forward(target, tree, tree_order, lazy_head)
+        logits, rows = tree_forward(target, tree, tree_order, lazy_head, keep_hidden=features)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
         #    plus one more token from the target (its argmax, or a draw from the residual R, which
@@ -384,8 +396,8 @@ def _decode(
             path, bonus = sync.decide(path, bonus, tree.max_depth, rng if random else None)
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
         target.compact(prefix, rows[[0, *path]])
-        if drafter is not None:
-            drafter.commit(path, bonus)
+        if drafter is not None:  # (a feature draft gets the target's features of the root and path)
+            drafter.commit(path, bonus, logits.hidden[[0, *path]] if features else None)
         new = tree.tokens[path].tolist() + [bonus]
         new = _truncate(new, max_new_tokens - len(out), stop)
         hit = stop_text is not None and stop_text.cut(out, new)

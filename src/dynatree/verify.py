@@ -52,10 +52,12 @@ class LazyLogits:
     # one batched call replaces L memory-bound passes over the head's weights.
     BATCH_ROWS = 4
 
-    def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int) -> None:
+    def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
+                 eager: bool = False) -> None:
         self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
         self._rows: dict[int, torch.Tensor] = {}
-        self._all: torch.Tensor | None = None
+        # eager: every row's head in one call now (a GPU reads the head's weights once for all rows)
+        self._all: torch.Tensor | None = head(hidden)[:, :vocab_size].float() if eager else None
 
     def __len__(self) -> int:
         return int(self.hidden.shape[0])
@@ -139,7 +141,7 @@ def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
 
 
 def tree_forward(
-    kv: CachedModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False
+    kv: CachedModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False, keep_hidden: bool = False
 ) -> tuple[torch.Tensor | LazyLogits, torch.Tensor]:
     """ONE target forward over every tree node; returns (logits ``[n, V]``, cache rows ``[n]``).
 
@@ -147,7 +149,9 @@ def tree_forward(
     ``order="dfs"`` feeds the nodes in depth-first order (DySpec App. C) so the tree mask is
     block-sparse-friendly for the Triton kernel; logits come back in tree order either way, and
     ``rows[i]`` is the cache row that node i's keys/values were written to. ``lazy_head`` returns
-    :class:`LazyLogits` (LM head applied per node on demand) instead of a full tensor.
+    :class:`LazyLogits` (LM head applied per node on demand) instead of a full tensor;
+    ``keep_hidden`` returns :class:`LazyLogits` too, with every row's logits computed at once
+    unless ``lazy_head``, so that ``.hidden`` holds the nodes' features for a feature draft.
     """
     prefix = kv.length
     visible = ancestor_matrix(tree.parent, tree.depth)
@@ -159,8 +163,8 @@ def tree_forward(
         rank = torch.empty_like(perm)
         rank[perm] = torch.arange(tree.size)
     args = (tree.tokens, positions, visible) if perm is None else (tree.tokens[perm], positions[perm], visible[perm][:, perm])
-    if lazy_head:
+    if lazy_head or keep_hidden:
         hidden = kv.forward_hidden(*args, prefix)
-        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size), rank + prefix
+        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size, eager=not lazy_head), rank + prefix
     logits = kv.forward(*args, prefix)
     return logits[rank.to(logits.device)], rank + prefix

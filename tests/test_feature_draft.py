@@ -1,0 +1,157 @@
+"""The feature-conditioned draft head: its engine plumbing, its training passes, and exactness.
+
+Exactness never depends on the draft (the target verifies every token), so what these tests pin
+down is that the head gets what it was trained on: the target's feature of each committed token's
+parent, its own predicted feature inside the tree, and training levels that attend exactly like a
+chain drafted at run time. Each check is also run on a deliberately broken variant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from dynatree import distill_features as F
+from dynatree import engine as E
+from dynatree import generate
+from dynatree.distill_config import DistillConfig
+from dynatree.distilled import DraftConfig, load_distilled_draft
+from dynatree.draft import FeatureDrafter
+from dynatree.errors import DynaTreeError
+from dynatree.feature_draft import FeatureDraft
+from test_distill import DOCS, SMALL, ByteTokenizer, tiny_target
+from tiny import SMALL_TREES, tiny_model
+
+PROMPT = torch.tensor([[3, 17, 42, 5, 9, 11, 23]])
+
+
+def feature_draft(target: torch.nn.Module, seed: int = 0) -> FeatureDraft:
+    vocab = target.config.vocab_size
+    cfg = DraftConfig.from_target(target, name="tiny", layers=1, vocab_subset=list(range(0, vocab, 2)), kind="feature")
+    draft = FeatureDraft(cfg, target.get_input_embeddings())
+    draft.init_from_target(target)
+    torch.manual_seed(seed)
+    with torch.no_grad():  # a random fc so that features visibly change the draft's output
+        draft.fc.weight.normal_(std=0.3)
+    return draft.eval()
+
+
+@pytest.mark.parametrize("engine", ["hf", "static"])
+@pytest.mark.parametrize("strategy", list(SMALL_TREES))
+def test_greedy_output_equals_autoregressive(strategy: str, engine: str) -> None:
+    target = tiny_model("llama", 0)
+    draft = feature_draft(target)
+    ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=30, eos_token_id=[]).sequences
+    out = generate(target, draft, PROMPT, strategy, max_new_tokens=30, eos_token_id=[], engine=engine,
+                   **SMALL_TREES[strategy])
+    assert torch.equal(out.sequences, ref)
+
+
+def _pending_features_are_the_targets(monkeypatch: pytest.MonkeyPatch, corrupt: bool) -> bool:
+    """Run linear speculation while recording every round's pending tokens and their features;
+    True when each equals the target's final hidden state of the token before it."""
+    target = tiny_model("llama", 1)
+    draft = feature_draft(target, seed=1)
+    seen: list[tuple[int, torch.Tensor]] = []
+    begin = FeatureDrafter.begin_round
+
+    def record(self: FeatureDrafter, builder: object) -> torch.Tensor:
+        seen.append((self.kv.length, self.pending_features.clone()))
+        return begin(self, builder)
+
+    monkeypatch.setattr(FeatureDrafter, "begin_round", record)
+    if corrupt:  # hand the drafter the features of the wrong tree rows (shifted by one)
+        forward = E.tree_forward
+
+        def shifted(*args: object, **kwargs: object) -> tuple:
+            logits, rows = forward(*args, **kwargs)
+            logits.hidden = logits.hidden.roll(1, dims=0)
+            return logits, rows
+
+        monkeypatch.setattr(E, "tree_forward", shifted)
+    seq = generate(target, draft, PROMPT, "linear", max_new_tokens=40, eos_token_id=[], k=3).sequences
+    with torch.no_grad():
+        ref = target.base_model(input_ids=seq).last_hidden_state[0]
+    assert len(seen) > 5
+    return all(torch.allclose(feats, ref[start - 1:start - 1 + len(feats)], atol=1e-5) for start, feats in seen)
+
+
+def test_committed_tokens_get_the_targets_features(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _pending_features_are_the_targets(monkeypatch, corrupt=False)
+
+
+def test_feature_check_fails_on_wrong_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not _pending_features_are_the_targets(monkeypatch, corrupt=True)
+
+
+def _chain_error(draft: FeatureDraft, tokens: torch.Tensor, feats: torch.Tensor, levels: int) -> float:
+    """Largest gap between :func:`F.unrolled_hidden` and chains drafted one token at a time with a cache."""
+    parents = F._parents(feats)
+    unrolled = F.unrolled_hidden(draft, tokens, parents, levels)
+    err = 0.0
+    for t in range(tokens.shape[1] - levels + 1):
+        h, cache = draft.hidden_states(tokens[:, :t + 1], parents[:, :t + 1], past_key_values=DynamicCache(),
+                                       use_cache=True)
+        prev = h[:, -1]
+        err = max(err, float((prev - unrolled[0][:, t]).abs().max()))
+        for level in range(2, levels + 1):
+            j = t + level - 1
+            h, cache = draft.hidden_states(tokens[:, j:j + 1], prev[:, None], past_key_values=cache, use_cache=True,
+                                           position_ids=torch.full((tokens.shape[0], 1), j))
+            prev = h[:, -1]
+            err = max(err, float((prev - unrolled[level - 1][:, j]).abs().max()))
+    return err
+
+
+@torch.no_grad()
+def test_unrolled_training_levels_equal_drafted_chains(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tiny_model("llama", 2)
+    draft = feature_draft(target, seed=2)
+    tokens = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    feats = target.base_model(input_ids=tokens).last_hidden_state
+    assert _chain_error(draft, tokens, feats, 4) < 1e-3
+    # broken variant: deeper levels see every teacher-forced row before them (plain noise-style unroll)
+    real = F.level_mask
+
+    def leaky(length: int, level: int, dtype: torch.dtype) -> torch.Tensor:
+        mask = real(length, level, dtype)
+        if level > 1:
+            j, i = torch.arange(length)[:, None], torch.arange(length)[None, :]
+            mask[:, :length].masked_fill_(i < j, 0.0)
+        return mask
+
+    monkeypatch.setattr(F, "level_mask", leaky)
+    assert _chain_error(draft, tokens, feats, 4) > 0.1
+
+
+def test_training_learns_resumes_and_loads(tmp_path: Path) -> None:
+    target = tiny_target()
+    cfg = DistillConfig(steps=8, kind="feature", unroll=2, **SMALL)
+    final = F.distill_features(target, ByteTokenizer(), out_dir=tmp_path / "a", config=cfg, documents=DOCS,
+                               target_name="tiny", progress=False)
+    log = [json.loads(x) for x in (tmp_path / "a" / F.LOG_FILE).read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 9))
+    assert sum(r["loss"] for r in log[-3:]) < sum(r["loss"] for r in log[:3])
+    assert 1.0 <= log[-1]["eval"]["linear_k4_tokens"] <= 5.0
+    assert target.get_input_embeddings().weight.grad is None, "the shared embedding must stay frozen"
+    draft = load_distilled_draft(target, final)
+    assert isinstance(draft, FeatureDraft) and draft.draft_config.kind == "feature"
+    ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=12, eos_token_id=[]).sequences
+    assert torch.equal(generate(target, draft, PROMPT, "dynatree", max_new_tokens=12, eos_token_id=[]).sequences, ref)
+    # resuming a finished run trains no further step and gives the same weights
+    again = F.distill_features(target, ByteTokenizer(), out_dir=tmp_path / "a", config=cfg, documents=DOCS,
+                               target_name="tiny", progress=False)
+    assert again == final
+    with pytest.raises(DynaTreeError, match="kind='feature'"):
+        F.distill_features(target, ByteTokenizer(), out_dir=tmp_path / "b", config=DistillConfig(**SMALL),
+                           documents=DOCS, progress=False)
+
+
+def test_refuses_kv_window() -> None:
+    target = tiny_model("llama", 0)
+    with pytest.raises(DynaTreeError, match="feature-conditioned draft"):
+        generate(target, feature_draft(target), PROMPT, "linear", max_new_tokens=8, kv_window=16)
