@@ -155,3 +155,25 @@ def test_refuses_kv_window() -> None:
     target = tiny_model("llama", 0)
     with pytest.raises(DynaTreeError, match="feature-conditioned draft"):
         generate(target, feature_draft(target), PROMPT, "linear", max_new_tokens=8, kv_window=16)
+
+
+@pytest.mark.parametrize("strategy", ["dyspec", "dynatree"])
+def test_sampled_tokens_follow_the_target(strategy: str) -> None:
+    """Lossless sampling with a feature draft (one-token prompt: the drafter starts with no features)."""
+    from test_sampling import ALPHA, STRATEGIES, T_MAIN, V, pvalues
+
+    from dynatree.sampling import SamplingConfig
+
+    target = tiny_model("llama", 3, vocab=V, layers=1, init=0.3)
+    cfg = DraftConfig.from_target(target, name="tiny", layers=1, vocab_subset=list(range(V)), kind="feature")
+    draft = FeatureDraft(cfg, target.get_input_embeddings())
+    draft.init_from_target(target)
+    with torch.no_grad():  # the target's own layer on the embedding, plus a small feature term:
+        h = cfg.hidden_size  # a draft close to the target, so trees are accepted deep
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, :h].copy_(torch.eye(h))
+        draft.fc.weight[:, h:].normal_(std=0.05, generator=torch.Generator().manual_seed(0))
+    opts = dict(STRATEGIES)[strategy]
+    ps, deep = pvalues((target, draft.eval()), strategy, opts, SamplingConfig(T_MAIN))
+    assert min(ps) >= ALPHA, f"{strategy}: p-values {ps}"
+    assert deep >= 0.1, f"only {deep:.0%} of runs produced the 3rd token in the first round"

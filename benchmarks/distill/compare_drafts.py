@@ -1,10 +1,13 @@
-"""Two distilled drafts side by side in ONE process on the offline target: tokens per round,
+"""Distilled drafts side by side in ONE process on the offline target: tokens per round,
 acceptance and speed over autoregressive, interleaved per prompt, greedy output checked.
 
     python benchmarks/distill/compare_drafts.py --new /work/distill-run/final --out compare.jsonl
+    python benchmarks/distill/compare_drafts.py --new feature=/work/feat-run/final \
+        --strategies linear,fixed,dynatree,dyspec --out compare_kinds.jsonl
 
-The old draft is the one shipped in the package unless ``--old DIR`` says otherwise. Prompts are
-the held-out documents of the offline corpora (``wiki-offline``, ``books-offline``) and ``pydoc``.
+The old draft is the one shipped in the package unless ``--old DIR`` says otherwise; ``--new``
+takes ``DIR`` or a comma-separated list of ``NAME=DIR``. Prompts are the held-out documents of the
+offline corpora (``wiki-offline``, ``books-offline``) and ``pydoc``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from dynatree.distilled import load_distilled_draft
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--new", type=Path, required=True)
+    ap.add_argument("--new", required=True)
+    ap.add_argument("--strategies", default="linear,dynatree")
     ap.add_argument("--old", type=Path, default=None)
     ap.add_argument("--datasets", default="wiki-offline,books-offline,pydoc")
     ap.add_argument("--prompts", type=int, default=2, help="per dataset")
@@ -34,12 +38,17 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, tok = models.load_model("smollm2-135m")
-    drafts = {"old": load_distilled_draft(target, args.old), "new": load_distilled_draft(target, args.new)}
+    drafts = {"old": load_distilled_draft(target, args.old)}
+    for item in args.new.split(","):
+        name, _, folder = item.rpartition("=")
+        drafts[name or "new"] = load_distilled_draft(target, Path(folder))
     prompts = [(name, ids) for name in args.datasets.split(",")
                for ids in load_prompt_ids(name, tok, args.prompts, 128, seed=0)]
     configs = [("ar", "autoregressive", None, {})]
+    options = {"linear": {"k": 4}}
     for d in drafts:
-        configs += [(f"linear4-{d}", "linear", d, {"k": 4}), (f"dynatree-{d}", "dynatree", d, {})]
+        configs += [(f"{st}{'4' if st == 'linear' else ''}-{d}", st, d, options.get(st, {}))
+                    for st in args.strategies.split(",")]
     rows = []
     dynatree.generate(target, drafts["old"], prompts[0][1], "dynatree", max_new_tokens=8)  # warm-up
     for dataset, ids in prompts:

@@ -48,7 +48,12 @@ def main() -> None:
     print("config:", cfg, "threads:", torch.get_num_threads(), flush=True)
     t0 = time.time()
     target, tok = load_target()
-    final = distill(target, tok, out_dir=args.out, config=cfg)
+    if cfg.kind == "feature":
+        from dynatree.distill_features import distill_features
+
+        final = distill_features(target, tok, out_dir=args.out, config=cfg)
+    else:
+        final = distill(target, tok, out_dir=args.out, config=cfg)
     print(f"done in {time.time() - t0:.0f} s -> {final}", flush=True)
 
 
