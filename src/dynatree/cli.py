@@ -76,9 +76,9 @@ def generate(
     from . import models
     from .devices import check_device
     from .engine import generate as run
-    from .engine import resolve_engine
+    from .engines import precompile
+    from .options import EngineOptions
     from .policies import make_policy
-    from .streaming import StreamingConfig
 
     set_threads(threads)
     if not prompt.strip():
@@ -86,8 +86,7 @@ def generate(
     if max_new_tokens < 1:
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
-    if kv_window is not None:
-        StreamingConfig(kv_window, kv_sinks)
+    options = EngineOptions(engine=engine, compile=compile, cpu_linear=cpu_linear, kv_window=kv_window, kv_sinks=kv_sinks)
     torch_dtype = models.parse_dtype(dtype)
     if tp:  # target sharded over the torchrun processes, draft replicated (dynatree.distributed)
         from .distributed import load_tp_pair
@@ -105,16 +104,12 @@ def generate(
         ids, eos = chat_prompt(tok, [{"role": "user", "content": prompt}]), chat_eos(tmodel, tok)
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
-    engine, compile, buckets = resolve_engine(tmodel, engine, compile, None, kv_window)
+    options = options.resolve(tmodel)
     common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
                   allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
-                  seed=seed, draft_temperature=draft_temperature, engine=engine, compile=compile, buckets=buckets,
-                  kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
-    if compile and engine == "static":  # every graph first, so neither run's speed includes compiling
-        from .engine import precompile
-
-        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, compile=compile, buckets=buckets,
-                   cpu_linear=cpu_linear)
+                  seed=seed, draft_temperature=draft_temperature, options=options)
+    if options.compile and options.engine == "static":  # every graph first: neither run's speed includes compiling
+        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, options)
     main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
     streamer = EchoStreamer(tok) if main else None  # prints each round's tokens as soon as it commits
     if main and not chat:
@@ -132,7 +127,8 @@ def generate(
     if trace is not None:
         typer.secho(f"trace: {trace}", err=True)
     s = result.stats
-    setup = f"{engine}{' compiled' if compile else ''} engine | threads {torch.get_num_threads()} | {device} {dtype}"
+    setup = (f"{options.engine}{' compiled' if options.compile else ''} engine | threads {torch.get_num_threads()} | "
+             f"{device} {dtype}")
     budget = [r.policy_state["budget"] for r in s.rounds if "budget" in r.policy_state]
     chosen = f" | cost-model budget {sum(budget) / len(budget):.1f} nodes/round" if budget else ""
     typer.secho(

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from ..engine import generate, precompile, resolve_cpu_linear
+from ..engine import generate
+from ..engines import precompile, resolve_cpu_linear
 from ..errors import DynaTreeError
 from ..policies import make_policy
 from .specs import AUTOREGRESSIVE, HF_ASSISTED, StrategySpec
