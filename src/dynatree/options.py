@@ -52,7 +52,7 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise DynaTreeError(f"unknown engine '{self.engine}': must be 'auto', 'hf' or 'static'")
-        if self.compile == "" or self.compile is not None and not isinstance(self.compile, (bool, str)):
+        if self.compile == "" or (self.compile is not None and not isinstance(self.compile, (bool, str))):
             raise DynaTreeError(f"compile must be True, False, None or a torch.compile mode, got {self.compile!r}")
         if self.compile and self.engine == "hf":
             raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
@@ -93,13 +93,14 @@ class EngineOptions:
 
     def resolve(self, target: Any) -> EngineOptions:
         """These options with ``"auto"``/None decided for ``target`` (see
-        :func:`dynatree.engines.resolve_engine`); resolving twice changes nothing."""
+        :func:`dynatree.engines.resolve`); resolving twice changes nothing."""
         from .engines import resolve  # torch, and the pool of compiled engines it consults
 
         return resolve(self, target)
 
     @property
     def resolved(self) -> bool:
+        """Whether nothing is left to decide (what :meth:`resolve` returns)."""
         return self.engine != "auto" and self.compile is not None and self.cpu_linear is not None
 
     def cache_options(self, device_type: str) -> CacheOptions:
