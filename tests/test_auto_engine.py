@@ -7,9 +7,10 @@ import torch
 from tiny import tiny_model
 
 import dynatree
-from dynatree import engine as engine_mod
-from dynatree.engine import CPU_AUTO_BUCKETS, resolve_engine
+from dynatree import engines
+from dynatree.engines import CPU_AUTO_BUCKETS
 from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions
 
 
 @pytest.fixture
@@ -17,30 +18,50 @@ def model() -> torch.nn.Module:
     return tiny_model("llama", 0)
 
 
+def resolve(model: torch.nn.Module, **options) -> tuple:
+    r = EngineOptions(**options).resolve(model)
+    return r.engine, r.compile, r.buckets
+
+
 def test_tiny_model_stays_eager(model) -> None:
-    assert resolve_engine(model) == ("hf", False, None)
+    assert resolve(model) == ("hf", False, None)
 
 
 def test_real_model_compiles_only_with_graphs_or_on_request(model, monkeypatch) -> None:
-    monkeypatch.setattr(engine_mod, "AUTO_MIN_PARAMS", 1)
-    monkeypatch.setattr(engine_mod, "_can_compile", lambda device: True)
-    assert resolve_engine(model) == ("hf", False, None)  # CPU, nothing compiled yet: eager hf
-    assert resolve_engine(model, compile=True) == ("static", True, CPU_AUTO_BUCKETS)
-    assert resolve_engine(model, compile=True, buckets=(1, 4)) == ("static", True, (1, 4))
-    assert resolve_engine(model, compile=True, kv_window=64) == ("hf", True, None)  # eviction: refused later
-    monkeypatch.setattr(engine_mod, "_compiled_buckets", lambda m: (1, 8))
-    assert resolve_engine(model) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
-    assert resolve_engine(model, compile=False) == ("hf", False, None)  # --no-compile
-    monkeypatch.setattr(engine_mod, "_can_compile", lambda device: False)
-    assert resolve_engine(model) == ("hf", False, None)
+    monkeypatch.setattr(engines, "AUTO_MIN_PARAMS", 1)
+    monkeypatch.setattr(engines, "_can_compile", lambda device: True)
+    assert resolve(model) == ("hf", False, None)  # CPU, nothing compiled yet: eager hf
+    assert resolve(model, compile=True) == ("static", True, CPU_AUTO_BUCKETS)
+    assert resolve(model, compile=True, buckets=(1, 4)) == ("static", True, (1, 4))
+    with pytest.raises(DynaTreeError, match="compile=True needs engine='static'"):
+        resolve(model, compile=True, kv_window=64)  # eviction runs on the hf engine only
+    monkeypatch.setattr(engines, "_compiled_buckets", lambda m: (1, 8))
+    assert resolve(model) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
+    assert resolve(model, compile=False) == ("hf", False, None)  # --no-compile
+    monkeypatch.setattr(engines, "_can_compile", lambda device: False)
+    assert resolve(model) == ("hf", False, None)
 
 
 def test_explicit_engines_are_kept(model) -> None:
-    assert resolve_engine(model, "static") == ("static", False, None)
-    assert resolve_engine(model, "static", True) == ("static", True, None)
-    assert resolve_engine(model, "hf") == ("hf", False, None)
+    assert resolve(model, engine="static") == ("static", False, None)
+    assert resolve(model, engine="static", compile=True) == ("static", True, None)
+    assert resolve(model, engine="hf") == ("hf", False, None)
     with pytest.raises(DynaTreeError, match="unknown engine"):
-        resolve_engine(model, "fast")
+        resolve(model, engine="fast")
+
+
+def test_resolving_decides_every_field_and_twice_changes_nothing(model, monkeypatch) -> None:
+    monkeypatch.setattr(engines, "AUTO_MIN_PARAMS", 1)
+    monkeypatch.setattr(engines, "_can_compile", lambda device: True)
+    given = EngineOptions(compile=True, tree_order="dfs")
+    once = given.resolve(model)
+    assert not given.resolved and once.resolved and once.cpu_linear is True  # CPU model: the few-row layout
+    assert once.resolve(model) == once and once.tree_order == "dfs"
+    key = once.cache_options("cpu")
+    assert key == once.replace(tree_order="bfs", kv_sinks=2).cache_options("cpu")  # same pooled engine
+    assert key.compile_mode is None and once.cache_options("cuda").compile_mode == "reduce-overhead"
+    with pytest.raises(DynaTreeError, match="resolve"):
+        given.cache_options("cpu")
 
 
 def test_default_generate_is_exact(model) -> None:

@@ -206,7 +206,7 @@ def test_one_run_measures_both_engines_against_both_baselines(pair, prompts, tmp
     real_generate = runner_mod.generate
 
     def spy(*args, **kw):
-        seen.append((getattr(args[3], "name", args[3]), kw["engine"], kw["compile"]))
+        seen.append((getattr(args[3], "name", args[3]), kw["options"].engine, kw["options"].compile))
         return real_generate(*args, **kw)
 
     monkeypatch.setattr(runner_mod, "generate", spy)
@@ -412,3 +412,30 @@ def test_bench_and_sweep_cli_reject_bad_specs_before_loading_models(tmp_path: Pa
     res = CliRunner().invoke(app, ["sweep", "--strategy", "fixed", "--grid", "depth=2,0x", "--output", out])
     assert res.exit_code == 2 and "grid point" in res.output
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_bench_and_sweep_refuse_bad_engine_flags_before_loading_models(tmp_path: Path, monkeypatch) -> None:
+    from dynatree import models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = ["--output", str(tmp_path / "r.jsonl")]
+    for argv, message in ((["bench", "--engine", "auto"], "engine must be 'hf' or 'static', got 'auto'"),
+                          (["bench", "--engine", "hf", "--compile"], "compile=True needs engine='static'"),
+                          (["bench", "--buckets", "1,x"], "--buckets must be comma-separated positive integers"),
+                          (["sweep", "--strategy", "linear", "-g", "k=2,3", "--kv-window", "0"],
+                           "kv_window must be a positive integer")):
+        res = CliRunner().invoke(app, [*argv, *out])
+        assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_bench_and_sweep_declare_their_shared_flags_once() -> None:
+    import inspect
+
+    from dynatree.bench import commands
+
+    bench, sweep = (inspect.signature(c).parameters for c in (commands.bench, commands.sweep))
+    shared = [n for n in bench if n in sweep]
+    assert {"target", "dataset", "seed", "engine", "compile", "buckets", "kv_window", "cpu_linear"} <= set(shared)
+    assert (bench["num_prompts"].default, sweep["num_prompts"].default) == (10, 5)  # per-command defaults
+    assert (bench["output"].default, sweep["output"].default) == (Path("results.jsonl"), Path("sweep.jsonl"))
+    assert "run" not in bench and "options" not in sweep  # typer sees the flags, not the grouped values

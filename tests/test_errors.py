@@ -92,6 +92,9 @@ def test_training_mode_is_restored(pair) -> None:
         (["generate", "--strategy", "linear", "-o", "k=0"], "invalid k=0"),
         (["generate", "--kv-window", "0"], "kv_window must be a positive integer"),
         (["generate", "--kv-window", "64", "--kv-sinks", "-1"], "kv_sinks must be an integer >= 0"),
+        (["generate", "--engine", "hf", "--compile"], "compile=True needs engine='static'"),
+        (["generate", "--buckets", "0"], "buckets must be positive integers"),
+        (["chat", "--engine", "fast"], "unknown engine 'fast'"),
     ],
 )
 def test_cli_one_line_errors(argv: list[str], message: str) -> None:

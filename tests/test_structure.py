@@ -82,7 +82,7 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     assert cycle(module_imports(pkg)) is None
 
 
-@pytest.mark.parametrize("module", ["dynatree.cli", "dynatree"])
+@pytest.mark.parametrize("module", ["dynatree.cli", "dynatree", "dynatree.options"])
 def test_the_cli_loads_without_torch_or_transformers(module: str) -> None:
     code = (f"import sys, {module}; heavy = [m for m in ('torch', 'transformers') if m in sys.modules]; "
             "print(','.join(heavy))")

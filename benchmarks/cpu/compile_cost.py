@@ -10,6 +10,7 @@ Usage: PYTHONPATH=src python benchmarks/cpu/compile_cost.py --out benchmarks/cpu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -19,7 +20,8 @@ import torch
 
 from dynatree import models
 from dynatree.cache import StaticCachedModel
-from dynatree.engine import CPU_AUTO_BUCKETS, _static_options, _vocab_size
+from dynatree.engines import CPU_AUTO_BUCKETS, vocab_size
+from dynatree.options import EngineOptions
 
 
 def main() -> None:
@@ -38,10 +40,10 @@ def main() -> None:
     rec = {"machine": f"{platform.node()} {os.cpu_count()} cores", "threads": args.threads, "load": args.note,
            "torch": torch.__version__, "inductor_cache_had_entries": warm, "buckets": buckets, "seconds": {}}
     for name, model in (("target", target), ("draft", draft)):
-        static = _static_options(model, True, buckets, None)
+        static = EngineOptions(engine="static", compile=True, buckets=buckets).resolve(model).cache_options("cpu")
         with torch.inference_mode():
             t0 = time.perf_counter()
-            kv = StaticCachedModel(model, _vocab_size(target), 1024, **static)
+            kv = StaticCachedModel(model, vocab_size(target), 1024, **dataclasses.asdict(static))
             for b in buckets:
                 kv.reset()
                 kv.forward(torch.zeros(b, dtype=torch.long), torch.arange(b), torch.ones(b, b, dtype=torch.bool).tril(), 0)

@@ -12,18 +12,21 @@ from typing import TYPE_CHECKING, Any
 from .errors import DynaTreeError
 
 if TYPE_CHECKING:
-    from .engine import generate, precompile
+    from .engine import generate
+    from .engines import precompile
+    from .options import EngineOptions
     from .policies import STRATEGIES, make_policy
     from .stats import GenerationResult, GenerationStats, RoundStats
 
 _LAZY = {
-    "generate": "engine", "precompile": "engine", "STRATEGIES": "policies", "make_policy": "policies",
+    "generate": "engine", "precompile": "engines", "EngineOptions": "options", "STRATEGIES": "policies", "make_policy": "policies",
     "GenerationResult": "stats", "GenerationStats": "stats", "RoundStats": "stats",
 }
 
 __all__ = [
     "STRATEGIES",
     "DynaTreeError",
+    "EngineOptions",
     "GenerationResult",
     "GenerationStats",
     "RoundStats",

@@ -12,9 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli_common import TP_HELP, friendly_errors, parse_options, set_threads
+from .cli_common import TP_HELP, engine_flags, friendly_errors, parse_options, set_threads
 from .distill_config import DEFAULT_TARGET, DistillConfig
 from .errors import DynaTreeError
+from .options import EngineOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -43,7 +44,9 @@ def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str
 
 @app.command()
 @friendly_errors
+@engine_flags()
 def generate(
+    options: EngineOptions,
     prompt: Annotated[str, typer.Option(help="Prompt text.")] = DEFAULT_PROMPT,
     target: Annotated[str, typer.Option(help="Target model: preset name, HF id or local path.")] = "smollm2-135m",
     draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
@@ -60,12 +63,7 @@ def generate(
     top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
     draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = 0.6,
-    engine: Annotated[str, typer.Option(help="auto (compiled static on CUDA or with --compile, else hf) | hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")] = "auto",
-    compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps (graphs are built first, with a progress line; default: decided by --engine auto).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Also run autoregressive decoding on the same prompt and print both speeds and the speedup.")] = False,
-    kv_window: Annotated[int | None, typer.Option(help="StreamingLLM-style KV eviction: keep the sinks + this many recent tokens (may run past the model's context).")] = None,
-    kv_sinks: Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")] = 4,
-    cpu_linear: Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help="Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU).")] = None,
     tp: Annotated[bool, typer.Option("--tp", help=TP_HELP)] = False,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template (instruct models); print only the reply.")] = False,
     trace: Annotated[str | None, typer.Option(help="Write an HTML page of every round's drafted tree to this path.")] = None,
@@ -76,9 +74,8 @@ def generate(
     from . import models
     from .devices import check_device
     from .engine import generate as run
-    from .engine import resolve_engine
+    from .engines import precompile
     from .policies import make_policy
-    from .streaming import StreamingConfig
 
     set_threads(threads)
     if not prompt.strip():
@@ -86,8 +83,6 @@ def generate(
     if max_new_tokens < 1:
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
-    if kv_window is not None:
-        StreamingConfig(kv_window, kv_sinks)
     torch_dtype = models.parse_dtype(dtype)
     if tp:  # target sharded over the torchrun processes, draft replicated (dynatree.distributed)
         from .distributed import load_tp_pair
@@ -95,7 +90,7 @@ def generate(
         tmodel, dmodel, tok, _ = load_tp_pair(target, draft, policy.uses_draft, torch_dtype, allow_vocab_mismatch)
         device = str(tmodel.device)
     else:
-        check_device(device, torch_dtype, compile=compile)  # before loading anything
+        check_device(device, torch_dtype, compile=bool(options.compile))  # before loading anything
         tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device, allow_vocab_mismatch)
     from .chat import EchoStreamer, chat_eos, chat_prompt
     from .distributed import rank
@@ -105,16 +100,12 @@ def generate(
         ids, eos = chat_prompt(tok, [{"role": "user", "content": prompt}]), chat_eos(tmodel, tok)
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
-    engine, compile, buckets = resolve_engine(tmodel, engine, compile, None, kv_window)
+    options = options.resolve(tmodel)
     common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
                   allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
-                  seed=seed, draft_temperature=draft_temperature, engine=engine, compile=compile, buckets=buckets,
-                  kv_window=kv_window, kv_sinks=kv_sinks, cpu_linear=cpu_linear)
-    if compile and engine == "static":  # every graph first, so neither run's speed includes compiling
-        from .engine import precompile
-
-        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, compile=compile, buckets=buckets,
-                   cpu_linear=cpu_linear)
+                  seed=seed, draft_temperature=draft_temperature, options=options)
+    if options.compile and options.engine == "static":  # every graph first: neither run's speed includes compiling
+        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, options)
     main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
     streamer = EchoStreamer(tok) if main else None  # prints each round's tokens as soon as it commits
     if main and not chat:
@@ -132,7 +123,8 @@ def generate(
     if trace is not None:
         typer.secho(f"trace: {trace}", err=True)
     s = result.stats
-    setup = f"{engine}{' compiled' if compile else ''} engine | threads {torch.get_num_threads()} | {device} {dtype}"
+    setup = (f"{options.engine}{' compiled' if options.compile else ''} engine | threads {torch.get_num_threads()} | "
+             f"{device} {dtype}")
     budget = [r.policy_state["budget"] for r in s.rounds if "budget" in r.policy_state]
     chosen = f" | cost-model budget {sum(budget) / len(budget):.1f} nodes/round" if budget else ""
     typer.secho(
@@ -155,7 +147,9 @@ def generate(
 
 @app.command("chat")
 @friendly_errors
+@engine_flags()
 def chat_command(
+    options: EngineOptions,
     target: Annotated[str, typer.Option(help="Target model (an instruct model with a chat template).")] = "smollm2-135m",
     draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
     strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
@@ -185,7 +179,7 @@ def chat_command(
     if not getattr(tok, "chat_template", None):
         raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, options=options)
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
     while True:
         try:

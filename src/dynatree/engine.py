@@ -11,21 +11,20 @@ child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run r
 
 from __future__ import annotations
 
-import contextlib
-import sys
 import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from os import PathLike
 from typing import Any
 
 import torch
 
 from . import distributed
-from .cache import CachedModel, StaticCachedModel
+from .cache import CachedModel
 from .draft import Drafter, FeatureDrafter
+from .engines import cached_pair, eval_mode, notice, vocab_size
 from .feature_draft import uses_target_features
 from .errors import DynaTreeError
+from .options import EngineOptions
 from .policies import DraftPolicy, RoundFeedback, make_policy
 from .sampling import DRAFT_TEMPERATURE, DraftSampler, SamplesDraft, SamplingConfig, make_generator
 from .stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
@@ -62,6 +61,7 @@ def generate(
     cpu_linear: bool | None = None,
     on_round: Callable[[RoundEvent], None] | None = None,
     trace: str | PathLike | None = None,
+    options: EngineOptions | None = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -87,9 +87,9 @@ def generate(
         truncate_prompt: left-truncate a prompt that would run past the models' maximum positions.
         allow_vocab_mismatch: skip the draft/target vocabulary-size check (draft logits are cut to
             the target's vocabulary).
-        engine: ``"auto"`` (default: see :func:`resolve_engine`), ``"hf"`` (dynamic HF cache, any
-            tree size) or ``"static"`` (pre-allocated cache, tree sizes padded to buckets of up to
-            256 nodes; what ``compile`` needs).
+        engine: ``"auto"`` (default: see :func:`dynatree.engines.resolve`), ``"hf"`` (dynamic HF
+            cache, any tree size) or ``"static"`` (pre-allocated cache, tree sizes padded to buckets
+            of up to 256 nodes; what ``compile`` needs).
         compile: ``torch.compile`` the static engine's model calls (one graph per bucket). True
             picks ``mode="reduce-overhead"`` (CUDA graphs) on GPU and the default mode on CPU; a
             string is passed as the mode. Compiled engines are kept per model and reused. None:
@@ -117,8 +117,13 @@ def generate(
             page are fed from, as soon as a round commits rather than at the end.
         trace: write a self-contained HTML page of every round's tree to this path
             (:mod:`dynatree.trace`; token text needs ``tokenizer``).
+        options: the engine settings above (``engine`` to ``cpu_linear``) as one
+            :class:`~dynatree.options.EngineOptions`; keywords then left at their defaults defer to
+            it, and one that contradicts it is refused.
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
+    options = EngineOptions.merge(options, engine=engine, compile=compile, buckets=buckets, cpu_linear=cpu_linear,
+                                  lazy_head=lazy_head, tree_order=tree_order, kv_window=kv_window, kv_sinks=kv_sinks)
     policy = make_policy(strategy, **strategy_options)
     sampling = SamplingConfig(temperature, top_k, top_p, draft_temperature)
     rng = make_generator(seed, generator)
@@ -134,16 +139,16 @@ def generate(
     policy.limit_depth(max_new_tokens)  # deeper nodes could never be committed
     if policy.uses_draft and draft is None:
         raise DynaTreeError(f"strategy '{policy.name}' needs a draft model (draft=None)")
-    vocab = _vocab_size(target)
+    vocab = vocab_size(target)
     if policy.uses_draft:
         _check_vocab(target, draft, allow_vocab_mismatch)
     models = [target] + ([draft] if policy.uses_draft else [])
     streaming = None
-    if kv_window is not None and policy.uses_draft and uses_target_features(draft):
+    if options.kv_window is not None and policy.uses_draft and uses_target_features(draft):
         raise DynaTreeError("kv_window is not supported with a feature-conditioned draft (its features would "
                             "have to be evicted with the cache); use an independent draft")
-    if kv_window is not None:
-        streaming = StreamingConfig(kv_window, kv_sinks)
+    if options.kv_window is not None:
+        streaming = StreamingConfig(options.kv_window, options.kv_sinks)
         ropes = [find_rope(m) for m in models]
         for m in models:
             streaming.check(m, policy.max_depth(), max_positions(m))
@@ -158,22 +163,16 @@ def generate(
         if any(not isinstance(x, str) or not x for x in stop_strings):
             raise DynaTreeError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
     stop_text = StopText(tokenizer, list(stop_strings)) if stop_strings else None
-    engine, compile, buckets = resolve_engine(target, engine, compile, buckets, kv_window)
-    if compile and engine != "static":
-        raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
-    if tree_order not in ("bfs", "dfs"):
-        raise DynaTreeError(f"unknown tree_order '{tree_order}': must be 'bfs' or 'dfs'")
-    if buckets is not None and (not buckets or any(not isinstance(b, int) or b < 1 for b in buckets)):
-        raise DynaTreeError(f"buckets must be positive integers, got {buckets!r}")
-    static = _static_options(target, compile, buckets, cpu_linear)
+    options = options.resolve(target)
 
-    with torch.inference_mode(), _eval_mode(models):
-        target_kv, draft_kv = _cached_pair(target, draft if policy.uses_draft else None, vocab, engine,
-                                           len(prompt) + max_new_tokens, static)
+    with torch.inference_mode(), eval_mode(models):
+        target_kv, draft_kv = cached_pair(target, draft if policy.uses_draft else None, vocab, options,
+                                          len(prompt) + max_new_tokens)
         if streaming is not None:
             target_kv = StreamingKV(target_kv, streaming, ropes[0])
             if draft_kv is not None:
                 draft_kv = StreamingKV(draft_kv, streaming, ropes[1])
+        lazy_head = options.lazy_head
         if lazy_head is None:
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
@@ -184,160 +183,19 @@ def generate(
         if streaming is None and getattr(policy, "wants_cost_model", lambda: False)():
             from .costmodel import profile_for  # the tree budget from the measured verify cost
 
-            policy.use_cost_model(profile_for(target_kv, target, engine, compile, lazy_head, buckets,
-                                              static["cpu_linear"], log=notice))
+            policy.use_cost_model(profile_for(target_kv, target, options.engine, options.compile, lazy_head,
+                                              options.buckets, options.cpu_linear, log=notice))
         recorder = None
         if trace is not None:
             from .trace import TraceRecorder
 
             recorder = TraceRecorder(tokenizer, on_round)
             on_round = recorder
-        result = _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng, tree_order,
-                         stop_text, lazy_head, sync, on_round)
+        result = _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng,
+                         options.tree_order, stop_text, lazy_head, sync, on_round)
     if recorder is not None:
         recorder.write(trace, result, policy)
     return result
-
-
-
-# "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
-# and compiled graphs save a roughly fixed overhead per layer call that only a real model's steps
-# make worth its set-up (and the test suite's tiny random models keep the plain path).
-AUTO_MIN_PARAMS = 20_000_000
-# A CPU's trees stay small (the cost model rarely picks more than a few nodes): buckets up to 32
-# rows cover every tree the CPU cost profile can choose and halve the graphs to compile.
-CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
-
-
-def resolve_engine(target: torch.nn.Module, engine: str = "auto", compile: bool | str | None = None,
-                   buckets: Sequence[int] | None = None, kv_window: int | None = None
-                   ) -> tuple[str, bool | str, Sequence[int] | None]:
-    """``generate``'s engine arguments with ``"auto"``/None decided: the fastest exact configuration
-    that does not make the call wait minutes for a compiler.
-
-    ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
-    compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when this process
-    already holds compiled graphs for the model (a library loop that compiled once, or
-    ``precompile``) or ``compile=True`` asks for it. Otherwise the eager hf engine: uncompiled, the
-    static engine was no faster (same-process A/B, ``benchmarks/cpu/engine_ab.jsonl``), and on the
-    benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
-    warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
-    tokens would only lose (``benchmarks/cpu/README.md``, session 5). Explicit engines are kept;
-    their ``compile=None`` means off.
-    """
-    if engine not in ("auto", "hf", "static"):
-        raise DynaTreeError(f"unknown engine '{engine}': must be 'auto', 'hf' or 'static'")
-    if engine != "auto":
-        return engine, False if compile is None else compile, buckets
-    if kv_window is not None or sum(p.numel() for p in target.parameters()) < AUTO_MIN_PARAMS:
-        return "hf", False if compile is None else compile, buckets
-    device = next(target.parameters()).device.type
-    built = _compiled_buckets(target)
-    if compile is None:
-        compile = _can_compile(device) and (device == "cuda" or built is not None)
-    if not compile:  # uncompiled, the static engine is no faster than hf (engine_ab.jsonl): keep hf
-        return "hf", False, buckets
-    if buckets is None:  # reuse the graphs already built rather than compiling other buckets
-        buckets = built if compile and built is not None else CPU_AUTO_BUCKETS if device == "cpu" else None
-    return "static", compile, buckets
-
-
-def _compiled_buckets(model: torch.nn.Module) -> tuple[int, ...] | None:
-    """The buckets of compiled static graphs this process already built for ``model`` (None: none)."""
-    return next((kv.buckets for kv in _STATIC.get(model, {}).values() if kv._compiled), None)
-
-
-def _can_compile(device: str) -> bool:
-    """Whether torch.compile can build code here: the same check ``compile=True`` refuses with."""
-    from .devices import check_compiler
-
-    try:
-        check_compiler(torch.device(device))
-    except DynaTreeError:
-        return False
-    return True
-
-
-_STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def _static_options(target: torch.nn.Module, compile: bool | str, buckets: Sequence[int] | None,
-                    cpu_linear: bool | None = None) -> dict[str, Any]:
-    """Options of the model+cache objects; for the static engine also the key of its pool."""
-    device = next(target.parameters()).device.type
-    mode = compile if isinstance(compile, str) else None
-    if compile is True and device == "cuda":
-        mode = "reduce-overhead"
-    return {"compile": bool(compile), "compile_mode": mode, "buckets": tuple(buckets) if buckets else None,
-            "cpu_linear": resolve_cpu_linear(target, cpu_linear)}
-
-
-def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
-    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU, off for a sharded one."""
-    sharded = distributed.resolve_cpu_linear(model, cpu_linear)
-    if sharded is not None:
-        return sharded
-    return next(model.parameters()).device.type == "cpu" if cpu_linear is None else bool(cpu_linear)
-
-
-def precompile(
-    target: torch.nn.Module,
-    draft: torch.nn.Module | None,
-    max_rows: int,
-    *,
-    compile: bool | str = True,
-    buckets: Sequence[int] | None = None,
-    cpu_linear: bool | None = None,
-) -> None:
-    """Build every bucket's graph of the pooled static engines now, for runs of up to ``max_rows``
-    (prompt + new tokens), so that no compilation lands inside a timed generation.
-
-    Which buckets a run touches depends on the trees it happens to build, so warm-up runs alone
-    can leave a graph to be compiled in the middle of a measurement (vLLM likewise captures all
-    its CUDA-graph batch sizes at start-up).
-    """
-    static = _static_options(target, compile, buckets, cpu_linear)
-    vocab = _vocab_size(target)
-    with torch.inference_mode(), _eval_mode([m for m in (target, draft) if m is not None]):
-        for kv in _cached_pair(target, draft, vocab, "static", max_rows, static):
-            if kv is not None:
-                kv.precompile()
-
-
-def _cached_pair(target: torch.nn.Module, draft: torch.nn.Module | None, vocab: int, engine: str, rows: int,
-                 static: dict[str, Any]) -> tuple[CachedModel, CachedModel | None]:
-    """Target and draft caches for runs of up to ``rows`` tokens, plus room for one tree (the draft
-    also holds expanded nodes of several levels)."""
-    big = StaticCachedModel.BUCKETS[-1]
-    target_kv = cached_model(target, vocab, engine, rows + big, static)
-    # A feature draft's calls take the target's features as an extra input: eager hf engine (it is
-    # one small layer, so the static engine's fixed shapes would buy it little).
-    draft_engine = "hf" if uses_target_features(draft) else engine
-    draft_kv = cached_model(draft, vocab, draft_engine, rows + 4 * big, static) if draft is not None else None
-    return target_kv, draft_kv
-
-
-def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, static: dict[str, Any]) -> CachedModel:
-    """A fresh model+cache for one generation; static ones are pooled per model.
-
-    Compiled graphs are tied to the static cache's storage, so reusing the same object across
-    calls (reset to length 0) is what makes the second call run without recompiling.
-    """
-    if engine == "hf":
-        return CachedModel(model, vocab, cpu_linear=static["cpu_linear"])
-    # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
-    capacity = max(256, 1 << (capacity - 1).bit_length())
-    pool = _STATIC.setdefault(model, {})
-    key = (vocab, *static.values())
-    kv = pool.get(key)
-    if kv is None or kv.capacity - kv.buckets[-1] < capacity:
-        if static["compile"]:
-            notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per process (can take "
-                   "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
-        kv = StaticCachedModel(model, vocab, capacity, **static)
-        pool[key] = kv
-    kv.reset()
-    return kv
 
 
 def _decode(
@@ -436,11 +294,6 @@ def _decode(
     return GenerationResult(sequences=sequences, stats=stats)
 
 
-def notice(message: str) -> None:
-    """A one-line progress notice on stderr for slow one-time work (profiling, compiling)."""
-    print(message, file=sys.stderr, flush=True)
-
-
 class StopText:
     """Finds the first new token after which the generated text contains a stop string.
 
@@ -489,18 +342,11 @@ def _check_prompt(input_ids: torch.Tensor | Sequence[int], target: torch.nn.Modu
         raise DynaTreeError("empty prompt: input_ids has no tokens")
     if ids.dtype.is_floating_point:
         raise DynaTreeError("input_ids must be integer token ids")
-    vocab = _vocab_size(target)
+    vocab = vocab_size(target)
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
         raise DynaTreeError(f"token id {hi if hi >= vocab else lo} out of range for the target vocabulary (size {vocab})")
     return ids.tolist()
-
-
-def _vocab_size(model: torch.nn.Module) -> int:
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if out is not None and hasattr(out, "weight"):
-        return int(out.weight.shape[0])
-    return int(model.config.vocab_size)
 
 
 def _check_vocab(target: torch.nn.Module, draft: torch.nn.Module, allow: bool) -> None:
@@ -554,19 +400,6 @@ def _eos_set(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) 
     if isinstance(eos_token_id, int):
         return {eos_token_id}
     return {int(t) for t in eos_token_id}
-
-
-@contextlib.contextmanager
-def _eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
-    """Dropout would make verification random: run in eval mode, restore the caller's mode after."""
-    was = [m.training for m in models]
-    for m in models:
-        m.eval()
-    try:
-        yield
-    finally:
-        for m, w in zip(models, was):
-            m.train(w)
 
 
 class _Clock:

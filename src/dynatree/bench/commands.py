@@ -7,13 +7,15 @@ completed rows on disk, and running the same command again continues where it st
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..cli_common import TP_HELP, friendly_errors, set_threads
+from ..cli_common import TP_HELP, dataclass_flags, engine_flags, friendly_errors, set_threads
 from ..errors import DynaTreeError
+from ..options import EngineOptions
 
 if TYPE_CHECKING:
     import torch
@@ -32,28 +34,32 @@ STRATEGY_HELP = (
     "(the first autoregressive is the reference; every row also gets a speedup over the others)."
 )
 
-# Options shared by bench and sweep (typer needs them spelled out per command).
-Target = Annotated[str, typer.Option(help="Target model: preset, HF id or local path.")]
-Draft = Annotated[str, typer.Option(help="Draft: preset, HF id, local path, early-exit:K, or 'default'.")]
-Dataset = Annotated[str, typer.Option(help="Prompt set: pydoc, licenses, wiki-offline, books-offline, wikitext2, pg19, or a .txt/.jsonl path.")]
-NumPrompts = Annotated[int, typer.Option(help="Measured prompts (warm-up runs come on top).")]
-MaxPrompt = Annotated[int, typer.Option(help="Prompt length cap in tokens (seeds: 800 WikiText-2, 1000 PG-19).")]
-MaxNew = Annotated[int, typer.Option(help="Tokens to generate per prompt (T).")]
-Warmup = Annotated[int, typer.Option(help="Unrecorded warm-up passes of every strategy before measuring.")]
-WarmupTokens = Annotated[int, typer.Option(help="Tokens per warm-up run (capped at --max-new-tokens).")]
-Output = Annotated[Path, typer.Option(help="Results JSONL (appended; an existing file is resumed).")]
-Threads = Annotated[int | None, typer.Option(help="torch CPU threads (fix it for stable timings).")]
-Dtype = Annotated[str, typer.Option(help="float32 | float16 | bfloat16")]
-Device = Annotated[str, typer.Option(help="cpu | cuda | cuda:N")]
-Seed = Annotated[int, typer.Option(help="Prompt sampling seed.")]
-Overwrite = Annotated[bool, typer.Option(help="Start a fresh results file instead of resuming.")]
-Progress = Annotated[bool, typer.Option(help="Show a progress bar.")]
-Engine = Annotated[str, typer.Option(help="hf (dynamic cache) | static (pre-allocated cache, bucketed trees).")]
-Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the static engine's steps.")]
-KvWindow = Annotated[int | None, typer.Option(help="StreamingLLM-style eviction for every strategy: keep the sinks + this many recent tokens (runs may exceed the models' context).")]
-KvSinks = Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")]
-CpuLinear = Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help="Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU; see dynatree.kernels.cpu_linear).")]
-Buckets = Annotated[str | None, typer.Option(help="Static engine query buckets, e.g. 1,8,128 (fewer = fewer compiled graphs; default 1,2,4,...,256).")]
+
+Opt = typer.Option
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """What bench and sweep both take besides the strategies and the engine (models, prompts, the
+    results file, the measurement protocol), declared once: each field is a flag of both commands
+    (:func:`~dynatree.cli_common.dataclass_flags`), which receive them as one ``run`` value."""
+
+    target: Annotated[str, Opt(help="Target model: preset, HF id or local path.")] = "smollm2-135m"
+    draft: Annotated[str, Opt(help="Draft: preset, HF id, local path, early-exit:K, or 'default'.")] = "default"
+    dataset: Annotated[str, Opt(help="Prompt set: pydoc, licenses, wiki-offline, books-offline, wikitext2, pg19, "
+                                     "or a .txt/.jsonl path.")] = "pydoc"
+    num_prompts: Annotated[int, Opt(help="Measured prompts (warm-up runs come on top).")] = 10
+    max_prompt_tokens: Annotated[int, Opt(help="Prompt length cap in tokens (seeds: 800 WikiText-2, 1000 PG-19).")] = 256
+    max_new_tokens: Annotated[int, Opt(help="Tokens to generate per prompt (T).")] = 128
+    warmup: Annotated[int, Opt(help="Unrecorded warm-up passes of every strategy before measuring.")] = 2
+    warmup_tokens: Annotated[int, Opt(help="Tokens per warm-up run (capped at --max-new-tokens).")] = 32
+    output: Annotated[Path, Opt(help="Results JSONL (appended; an existing file is resumed).")] = Path("results.jsonl")
+    threads: Annotated[int | None, Opt(help="torch CPU threads (fix it for stable timings).")] = None
+    dtype: Annotated[str, Opt(help="float32 | float16 | bfloat16")] = "float32"
+    device: Annotated[str, Opt(help="cpu | cuda | cuda:N")] = "cpu"
+    seed: Annotated[int, Opt(help="Prompt sampling seed.")] = 0
+    overwrite: Annotated[bool, Opt(help="Start a fresh results file instead of resuming.")] = False
+    progress: Annotated[bool, Opt(help="Show a progress bar.")] = True
 
 
 def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
@@ -69,13 +75,13 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
     return tmodel, dmodel, tokenizer, draft_name
 
 
-def _prompts(dataset: str, tokenizer: Any, num_prompts: int, max_prompt_tokens: int, seed: int) -> list[Prompt]:
+def _prompts(run: RunArgs, tokenizer: Any) -> list[Prompt]:
     from .datasets import load_prompt_ids
     from .runner import Prompt
 
-    ids = load_prompt_ids(dataset, tokenizer, num_prompts, max_prompt_tokens, seed)
-    name = Path(dataset).name if ("/" in dataset or "." in dataset) else dataset
-    return [Prompt(id=f"{name}:{seed}:{i}", ids=tuple(p[:max_prompt_tokens])) for i, p in enumerate(ids)]
+    ids = load_prompt_ids(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, run.seed)
+    name = Path(run.dataset).name if ("/" in run.dataset or "." in run.dataset) else run.dataset
+    return [Prompt(id=f"{name}:{run.seed}:{i}", ids=tuple(p[:run.max_prompt_tokens])) for i, p in enumerate(ids)]
 
 
 def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) -> list[StrategySpec]:
@@ -94,29 +100,16 @@ def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) 
     return [s for s in specs if s.name != "hf-assisted"]
 
 
-def _settings(target: str, draft_name: str | None, dataset: str, max_new_tokens: int, max_prompt_tokens: int,
-              dtype: str, device: str, seed: int, engine: str, compile: bool, temperature: float = 0.0,
-              kv_window: int | None = None, kv_sinks: int = 4, buckets: str | None = None,
-              cpu_linear: bool | None = None) -> BenchSettings:
+def _settings(run: RunArgs, engine: dict[str, Any], draft_name: str | None, device: str, max_new_tokens: int,
+              temperature: float = 0.0) -> BenchSettings:
     import torch
 
     from .runner import BenchSettings
 
-    return BenchSettings(target=target, draft=draft_name, dataset=dataset, max_new_tokens=max_new_tokens,
-                         max_prompt_tokens=max_prompt_tokens, dtype=dtype, device=device,
-                         threads=torch.get_num_threads(), engine=engine, compile=compile,
-                         temperature=temperature, kv_window=kv_window, kv_sinks=kv_sinks,
-                         buckets=_parse_buckets(buckets), cpu_linear=cpu_linear,
-                         extra={"prompt_seed": seed})
-
-
-def _parse_buckets(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(b) for b in text.split(",") if b.strip())
-    except ValueError:
-        raise DynaTreeError(f"--buckets must be comma-separated positive integers, got {text!r}") from None
+    return BenchSettings(target=run.target, draft=draft_name, dataset=run.dataset, max_new_tokens=max_new_tokens,
+                         max_prompt_tokens=run.max_prompt_tokens, dtype=run.dtype, device=device,
+                         threads=torch.get_num_threads(), temperature=temperature,
+                         extra={"prompt_seed": run.seed}, **engine)
 
 
 def print_summary(summaries: list[Summary], title: str) -> None:
@@ -182,128 +175,96 @@ def _finish(outcomes: list[Any], output: Path) -> None:
 
 
 @friendly_errors
+@engine_flags(engine="hf")
+@dataclass_flags("run", RunArgs)
 def bench(
-    target: Target = "smollm2-135m",
-    draft: Draft = "default",
+    run: RunArgs,
+    options: EngineOptions,
     strategies: Annotated[str, typer.Option(help=STRATEGY_HELP)] = DEFAULT_STRATEGIES,
-    dataset: Dataset = "pydoc",
-    num_prompts: NumPrompts = 10,
-    max_prompt_tokens: MaxPrompt = 256,
-    max_new_tokens: MaxNew = 128,
-    warmup: Warmup = 2,
-    warmup_tokens: WarmupTokens = 32,
-    output: Output = Path("results.jsonl"),
-    threads: Threads = None,
-    dtype: Dtype = "float32",
-    device: Device = "cpu",
-    seed: Seed = 0,
-    overwrite: Overwrite = False,
-    progress: Progress = True,
-    engine: Engine = "hf",
-    compile: Compile = False,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against AR); > 0 = lossless sampling (hf-assisted skipped).")] = 0.0,
-    kv_window: KvWindow = None,
-    kv_sinks: KvSinks = 4,
-    buckets: Buckets = None,
-    cpu_linear: CpuLinear = None,
     tp: Annotated[bool, typer.Option("--tp", help=TP_HELP + " Rank 0 writes --output and prints.")] = False,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
-    from .runner import run_bench
+    from .runner import BenchSettings, run_bench
     from .specs import parse_strategies
     from .store import ResultsWriter
 
-    set_threads(threads)
+    set_threads(run.threads)
     specs = parse_strategies(strategies)  # validate before loading anything
+    engine = BenchSettings.engine_fields(options)
     for s in specs:
         if s.name != "hf-assisted":
-            s.engine_for(engine, compile)
+            s.engine_options(options)  # refuses compile=true on an hf spec
     needs_draft = any(s.uses_draft for s in specs)
+    device, output, progress = run.device, run.output, run.progress
     if tp:
         from .. import distributed, models
 
-        tmodel, dmodel, tok, draft_name = distributed.load_tp_pair(target, draft, needs_draft, models.parse_dtype(dtype))
+        tmodel, dmodel, tok, draft_name = distributed.load_tp_pair(run.target, run.draft, needs_draft,
+                                                                   models.parse_dtype(run.dtype))
         specs = [s for s in specs if s.name != "hf-assisted"]  # HF's assisted generate is not run sharded here
         device = str(tmodel.device)
     else:
-        tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, needs_draft)
+        tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, device, needs_draft)
     specs = _drop_unsupported_hf(specs, dmodel, explicit=strategies != DEFAULT_STRATEGIES)
-    prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
+    prompts = _prompts(run, tok)
     if temperature < 0:
         raise DynaTreeError(f"--temperature must be >= 0, got {temperature}")
-    if temperature > 0 or kv_window is not None:
+    if temperature > 0 or options.kv_window is not None:
         specs = [s for s in specs if s.name != "hf-assisted"]
-    settings = _settings(target, draft_name, dataset, max_new_tokens, max_prompt_tokens, dtype, device, seed,
-                         engine, compile, temperature, kv_window, kv_sinks, buckets, cpu_linear)
+    settings = _settings(run, engine, draft_name, device, run.max_new_tokens, temperature)
     lead = True
     if tp:
         from ..distributed import rank_output, world_size
 
         settings.extra["tp_world_size"] = world_size()  # keeps TP rows apart from 1-process ones
-        output, lead = rank_output(output, overwrite)
+        output, lead = rank_output(output, run.overwrite)
         progress = progress and lead
-    with ResultsWriter(output, overwrite=overwrite) as writer:
+    with ResultsWriter(output, overwrite=run.overwrite) as writer:
         outcome = _run_saving(writer, lambda: run_bench(
-            tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=warmup,
-            warmup_tokens=warmup_tokens, progress=progress))
+            tmodel, dmodel, prompts, specs, settings, writer=writer, warmup=run.warmup,
+            warmup_tokens=run.warmup_tokens, progress=progress))
     if lead:
         _finish([outcome], output)
 
 
 @friendly_errors
+@engine_flags(engine="hf")
+@dataclass_flags("run", RunArgs, num_prompts=5, warmup=1, output=Path("sweep.jsonl"))
 def sweep(
+    run: RunArgs,
+    options: EngineOptions,
     strategy: Annotated[str, typer.Option(help="Strategy to sweep, with fixed options: e.g. \"dynatree:history=false\".")],
     grid: Annotated[list[str], typer.Option("--grid", "-g", help="Swept option name=v1,v2,... (repeatable).")],
     baselines: Annotated[str, typer.Option(help="Extra strategies measured once per length (spec syntax as bench).")] = "autoregressive",
     lengths: Annotated[str | None, typer.Option(help="Generation lengths to repeat the grid at, e.g. 100,200,500 (default: --max-new-tokens).")] = None,
-    target: Target = "smollm2-135m",
-    draft: Draft = "default",
-    dataset: Dataset = "pydoc",
-    num_prompts: NumPrompts = 5,
-    max_prompt_tokens: MaxPrompt = 256,
-    max_new_tokens: MaxNew = 128,
-    warmup: Warmup = 1,
-    warmup_tokens: WarmupTokens = 32,
-    output: Output = Path("sweep.jsonl"),
-    threads: Threads = None,
-    dtype: Dtype = "float32",
-    device: Device = "cpu",
-    seed: Seed = 0,
-    overwrite: Overwrite = False,
-    progress: Progress = True,
-    engine: Engine = "hf",
-    compile: Compile = False,
-    kv_window: KvWindow = None,
-    kv_sinks: KvSinks = 4,
-    buckets: Buckets = None,
-    cpu_linear: CpuLinear = None,
 ) -> None:
     """Sweep a grid of strategy options (resumable: rerun the same command to continue)."""
+    from .runner import BenchSettings
     from .specs import parse_spec, parse_strategies
     from .store import ResultsWriter
     from .sweep import SweepGrid, parse_axis, run_sweep
 
-    set_threads(threads)
+    set_threads(run.threads)
+    engine = BenchSettings.engine_fields(options)
     base = parse_spec(strategy)
     axes = dict(parse_axis(g) for g in grid)
     sweep_grid = SweepGrid(base.name, axes, base=base.options)
     base_specs = parse_strategies(baselines)
-    T = [int(t) for t in lengths.split(",") if t.strip()] if lengths else [max_new_tokens]
+    T = [int(t) for t in lengths.split(",") if t.strip()] if lengths else [run.max_new_tokens]
     if any(t < 1 for t in T):
         raise DynaTreeError(f"--lengths must be positive integers, got {lengths}")
-    tmodel, dmodel, tok, draft_name = _loaded(target, draft, dtype, device, True)
+    tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, run.device, True)
     base_specs = _drop_unsupported_hf(base_specs, dmodel, explicit=True)
-    prompts = _prompts(dataset, tok, num_prompts, max_prompt_tokens, seed)
-    settings = _settings(target, draft_name, dataset, T[0], max_prompt_tokens, dtype, device, seed,
-                         engine, compile, kv_window=kv_window, kv_sinks=kv_sinks, buckets=buckets,
-                         cpu_linear=cpu_linear)
+    prompts = _prompts(run, tok)
+    settings = _settings(run, engine, draft_name, run.device, T[0])
     typer.secho(f"sweep: {sweep_grid.size} configurations × {len(T)} length(s) × {len(prompts)} prompts",
                 err=True)
-    with ResultsWriter(output, overwrite=overwrite) as writer:
+    with ResultsWriter(run.output, overwrite=run.overwrite) as writer:
         outcomes = _run_saving(writer, lambda: run_sweep(
             tmodel, dmodel, prompts, sweep_grid, settings, writer, baselines=base_specs, lengths=T,
-            warmup=warmup, warmup_tokens=warmup_tokens, progress=progress))
-    _finish(outcomes, output)
+            warmup=run.warmup, warmup_tokens=run.warmup_tokens, progress=run.progress))
+    _finish(outcomes, run.output)
 
 
 @friendly_errors

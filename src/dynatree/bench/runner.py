@@ -37,14 +37,18 @@ from typing import Any
 
 import torch
 
-from ..engine import generate, precompile, resolve_cpu_linear
+from ..engine import generate
+from ..engines import precompile
 from ..errors import DynaTreeError
+from ..options import EngineOptions
 from ..policies import make_policy
 from .specs import AUTOREGRESSIVE, HF_ASSISTED, StrategySpec
 from .store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
 from .sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
 
 RowCallback = Callable[[dict[str, Any]], None]
+# BenchSettings' fields that are engine options (kept flat: they are part of every row's key).
+ENGINE_FIELDS = ("engine", "compile", "buckets", "cpu_linear", "kv_window", "kv_sinks")
 
 
 @dataclass(frozen=True)
@@ -99,18 +103,22 @@ class BenchSettings:
             raise DynaTreeError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise DynaTreeError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        if self.engine not in ("hf", "static"):
-            raise DynaTreeError(f"engine must be 'hf' or 'static', got {self.engine!r}")
-        if self.kv_window is not None:
-            from ..streaming import StreamingConfig
-
-            StreamingConfig(self.kv_window, self.kv_sinks)  # validates both
-        if self.buckets is not None:
-            if not self.buckets or any(not isinstance(b, int) or b < 1 for b in self.buckets):
-                raise DynaTreeError(f"buckets must be positive integers, got {self.buckets!r}")
-            object.__setattr__(self, "buckets", tuple(sorted(self.buckets)))
+        object.__setattr__(self, "buckets", self.engine_fields(self.engine_options())["buckets"])  # checked, sorted
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    def engine_options(self) -> EngineOptions:
+        """The bench-wide engine options (a spec's run options override them: ``StrategySpec.engine_options``)."""
+        return EngineOptions(**{name: getattr(self, name) for name in ENGINE_FIELDS})
+
+    @staticmethod
+    def engine_fields(options: EngineOptions) -> dict[str, Any]:
+        """``options`` as BenchSettings keywords (compile as recorded in rows: True or False).
+
+        Refuses ``engine="auto"``: a row says which engine it measured."""
+        if options.engine not in ("hf", "static"):
+            raise DynaTreeError(f"engine must be 'hf' or 'static', got {options.engine!r}")
+        return {name: bool(options.compile) if name == "compile" else getattr(options, name) for name in ENGINE_FIELDS}
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -149,7 +157,6 @@ def run_engine(
     target: torch.nn.Module, draft: torch.nn.Module | None, prompt: Prompt, spec: StrategySpec,
     settings: BenchSettings, max_new_tokens: int,
 ) -> Measurement:
-    engine, compile = spec.engine_for(settings.engine, settings.compile)
     policy = make_policy(spec.name, **spec.policy_options)  # an instance: its cost profile is read back
     result = generate(
         target,
@@ -159,13 +166,8 @@ def run_engine(
         max_new_tokens=max_new_tokens,
         eos_token_id=_eos(settings),
         seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees
-        engine=engine,
-        compile=compile,
         temperature=settings.temperature,
-        buckets=settings.buckets,
-        kv_window=settings.kv_window,
-        kv_sinks=settings.kv_sinks,
-        cpu_linear=spec.run.get("cpu_linear", settings.cpu_linear),
+        options=spec.engine_options(settings.engine_options()),
     )
     d = result.stats.to_dict()
     per_round = d.pop("per_round")
@@ -251,11 +253,9 @@ def run_hf_assisted(
     return Measurement(output_ids=new, stats=stats, per_round=[{"committed": c} for c in rounds])
 
 
-def _engine_record(spec: StrategySpec, settings: BenchSettings, target: torch.nn.Module) -> dict[str, Any]:
-    """How a row was run: engine, compile and the linear layout actually used."""
-    engine, compile = spec.engine_for(settings.engine, settings.compile)
-    return {"engine": engine, "compile": compile,
-            "cpu_linear": resolve_cpu_linear(target, spec.run.get("cpu_linear", settings.cpu_linear))}
+def _engine_record(options: EngineOptions) -> dict[str, Any]:
+    """How a row was run (from its resolved options): engine, compile and the linear layout used."""
+    return {"engine": options.engine, "compile": options.compile, "cpu_linear": options.cpu_linear}
 
 
 def _eos(settings: BenchSettings) -> int | tuple[int, ...] | None:
@@ -328,9 +328,11 @@ def run_bench(
         raise DynaTreeError("hf-assisted cannot evict KV rows (--kv-window); drop it from the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
-    records = {s.label: _engine_record(s, settings, target) for s in specs if s.name != HF_ASSISTED}
-    compiled = [s for s in specs if s.label in records and records[s.label]["engine"] == "static"
-                and records[s.label]["compile"]]
+    resolved = {s.label: s.engine_options(settings.engine_options()).resolve(target)
+                for s in specs if s.name != HF_ASSISTED}
+    records = {label: _engine_record(options) for label, options in resolved.items()}
+    compiled = [s for s in specs if s.label in resolved and resolved[s.label].engine == "static"
+                and resolved[s.label].compile]
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise DynaTreeError("prompt ids must be unique")
@@ -353,11 +355,10 @@ def run_bench(
     with bar:
         if todo and compiled:
             bar.describe("compiling every static bucket")
-            for layout in dict.fromkeys(records[s.label]["cpu_linear"] for s in compiled):
-                users = [s for s in compiled if records[s.label]["cpu_linear"] == layout]
+            for options in dict.fromkeys(resolved[s.label] for s in compiled):
+                users = [s for s in compiled if resolved[s.label] == options]
                 precompile(target, draft if any(s.uses_draft for s in users) else None,
-                           max(len(p.ids) for p in prompts) + settings.max_new_tokens, buckets=settings.buckets,
-                           cpu_linear=layout)
+                           max(len(p.ids) for p in prompts) + settings.max_new_tokens, options)
         if todo:
             wt = min(warmup_tokens or settings.max_new_tokens, settings.max_new_tokens)
             for w in range(warmup):

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..cli_common import parse_value
 from ..errors import DynaTreeError
+from ..options import EngineOptions
 from ..policies import make_policy
 
 HF_ASSISTED = "hf-assisted"
@@ -116,6 +117,11 @@ class StrategySpec:
         if compile and engine != "static":
             raise DynaTreeError(f"'{self.label}': compile=true needs engine=static (compiled steps need fixed shapes)")
         return engine, compile
+
+    def engine_options(self, base: EngineOptions) -> EngineOptions:
+        """The bench-wide engine options ``base`` with this spec's run options applied."""
+        engine, compile = self.engine_for(base.engine, bool(base.compile))
+        return base.replace(engine=engine, compile=compile, cpu_linear=self.run.get("cpu_linear", base.cpu_linear))
 
 
 def format_spec(name: str, options: dict[str, Any]) -> str:

@@ -1,0 +1,141 @@
+"""How a generation runs, as one typed, validated value: :class:`EngineOptions`.
+
+``generate``, ``precompile``, the bench and the command line all take the engine settings through
+this one object, so a setting is checked (and its error worded) in one place and a new one is
+added in one place. Importing this module does not import torch: the command line builds its
+options before it loads anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DynaTreeError
+
+ENGINES = ("auto", "hf", "static")
+TREE_ORDERS = ("bfs", "dfs")
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """What a model+cache object is built with (:class:`~dynatree.cache.StaticCachedModel`'s
+    arguments). With the vocabulary size it is the key of the static engine's pool: runs whose
+    options agree here share one cache and its compiled graphs, whatever their tree order or
+    eviction window."""
+
+    compile: bool = False
+    compile_mode: str | None = None
+    buckets: tuple[int, ...] | None = None
+    cpu_linear: bool = False
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The engine settings of :func:`dynatree.generate` (see its docstring for each field).
+
+    ``"auto"`` and None mean "decide for the model": :meth:`resolve` makes those choices for one
+    target and returns options in which every field is decided.
+    """
+
+    engine: str = "auto"
+    compile: bool | str | None = None
+    buckets: tuple[int, ...] | None = None
+    cpu_linear: bool | None = None
+    lazy_head: bool | None = None
+    tree_order: str = "bfs"
+    kv_window: int | None = None
+    kv_sinks: int = 4
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise DynaTreeError(f"unknown engine '{self.engine}': must be 'auto', 'hf' or 'static'")
+        if self.compile == "" or (self.compile is not None and not isinstance(self.compile, (bool, str))):
+            raise DynaTreeError(f"compile must be True, False, None or a torch.compile mode, got {self.compile!r}")
+        if self.compile and self.engine == "hf":
+            raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
+        object.__setattr__(self, "buckets", _buckets(self.buckets))
+        for name in ("cpu_linear", "lazy_head"):
+            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
+                raise DynaTreeError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
+        if self.tree_order not in TREE_ORDERS:
+            raise DynaTreeError(f"unknown tree_order '{self.tree_order}': must be 'bfs' or 'dfs'")
+        if self.kv_window is not None:
+            from .streaming import StreamingConfig  # torch: only when eviction is asked for
+
+            StreamingConfig(self.kv_window, self.kv_sinks)  # validates both
+
+    def replace(self, **changes: Any) -> EngineOptions:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def merge(cls, options: EngineOptions | None, **keywords: Any) -> EngineOptions:
+        """``options=`` and the same settings given as keywords, as one object.
+
+        Keywords left at their defaults defer to ``options``; a keyword that differs from both its
+        default and ``options`` is refused, so no setting is silently dropped."""
+        given = cls(**keywords)
+        if options is None:
+            return given
+        if not isinstance(options, EngineOptions):
+            raise DynaTreeError(f"options must be an EngineOptions, got {type(options).__name__}")
+        default = cls()
+        clash = [f.name for f in dataclasses.fields(cls)
+                 if getattr(given, f.name) not in (getattr(default, f.name), getattr(options, f.name))]
+        if clash:
+            both = ", ".join(f"{n}={getattr(given, n)!r} vs options.{n}={getattr(options, n)!r}" for n in clash)
+            raise DynaTreeError(f"engine settings given twice and different ({both}): pass them in options= "
+                                "or as keywords, not both")
+        return options
+
+    def resolve(self, target: Any) -> EngineOptions:
+        """These options with ``"auto"``/None decided for ``target`` (see
+        :func:`dynatree.engines.resolve`); resolving twice changes nothing."""
+        from .engines import resolve  # torch, and the pool of compiled engines it consults
+
+        return resolve(self, target)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether nothing is left to decide (what :meth:`resolve` returns)."""
+        return self.engine != "auto" and self.compile is not None and self.cpu_linear is not None
+
+    def cache_options(self, device_type: str) -> CacheOptions:
+        """The model+cache arguments of resolved options on a device of this type (``"cuda"``,
+        ``"cpu"``): ``compile=True`` means CUDA graphs (``mode="reduce-overhead"``) on CUDA and the
+        default mode elsewhere; a string is the mode itself."""
+        if not self.resolved:
+            raise DynaTreeError("cache_options needs resolved options: call EngineOptions.resolve(target) first")
+        mode = self.compile if isinstance(self.compile, str) else None
+        if self.compile is True and device_type == "cuda":
+            mode = "reduce-overhead"
+        return CacheOptions(bool(self.compile), mode, self.buckets, bool(self.cpu_linear))
+
+
+def _buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
+    """Buckets as a sorted tuple (hashable, one spelling per set), or the one-line refusal."""
+    if buckets is None:
+        return None
+    try:
+        values = tuple(buckets) if not isinstance(buckets, str) else ()
+    except TypeError:
+        values = ()
+    if not values or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in values):
+        raise DynaTreeError(f"buckets must be positive integers, got {buckets!r}")
+    return tuple(sorted(values))
+
+
+def parse_buckets(text: str | None) -> tuple[int, ...] | None:
+    """``--buckets 1,8,128`` as a tuple (None when the flag is not given)."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError:
+        raise DynaTreeError(f"--buckets must be comma-separated positive integers, got {text!r}") from None
+
+
+__all__ = ["CacheOptions", "EngineOptions", "parse_buckets"]

@@ -1,0 +1,93 @@
+"""EngineOptions: every engine setting checked in one place, one line per refusal, and the same
+run whether the settings come as generate's keywords or as one ``options=`` object."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import perturbed, tiny_model
+
+import dynatree
+from dynatree import DynaTreeError, EngineOptions, engines
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"engine": "fast"}, "unknown engine 'fast': must be 'auto', 'hf' or 'static'"),
+        ({"engine": "hf", "compile": True}, "compile=True needs engine='static'"),
+        ({"engine": "hf", "compile": "max-autotune"}, "compile=True needs engine='static'"),
+        ({"compile": ""}, "compile must be True, False, None or a torch.compile mode"),
+        ({"compile": 1.5}, "compile must be True, False, None or a torch.compile mode"),
+        ({"buckets": ()}, "buckets must be positive integers, got ()"),
+        ({"buckets": [1, 0]}, "buckets must be positive integers, got [1, 0]"),
+        ({"buckets": [1, 2.0]}, "buckets must be positive integers"),
+        ({"buckets": [True]}, "buckets must be positive integers"),
+        ({"buckets": "1,2"}, "buckets must be positive integers, got '1,2'"),
+        ({"buckets": 8}, "buckets must be positive integers, got 8"),
+        ({"cpu_linear": "yes"}, "cpu_linear must be True, False or None, got 'yes'"),
+        ({"lazy_head": 1}, "lazy_head must be True, False or None, got 1"),
+        ({"tree_order": "random"}, "unknown tree_order 'random': must be 'bfs' or 'dfs'"),
+        ({"kv_window": 0}, "kv_window must be a positive integer"),
+        ({"kv_window": 64, "kv_sinks": -1}, "kv_sinks must be an integer >= 0"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line(kwargs: dict, message: str) -> None:
+    with pytest.raises(DynaTreeError) as err:
+        EngineOptions(**kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_options_are_normalised_and_hashable() -> None:
+    a = EngineOptions(engine="static", buckets=[8, 1, 4])
+    assert a.buckets == (1, 4, 8) and a == EngineOptions(engine="static", buckets=(1, 4, 8))
+    assert len({a, EngineOptions(engine="static", buckets=(4, 8, 1))}) == 1
+    assert EngineOptions(kv_sinks=-1).kv_sinks == -1  # sinks only matter (and are checked) with a window
+    with pytest.raises(DynaTreeError, match="compile=True needs engine='static'"):
+        a.replace(engine="hf", compile=True)  # a copy is checked again
+
+
+def test_keywords_and_options_merge_or_conflict() -> None:
+    opts = EngineOptions(engine="static", tree_order="dfs")
+    assert EngineOptions.merge(None, engine="hf") == EngineOptions(engine="hf")
+    assert EngineOptions.merge(opts, engine="auto", tree_order="bfs") is opts  # defaults defer to options
+    assert EngineOptions.merge(opts, engine="static") is opts  # the same value twice is no conflict
+    with pytest.raises(DynaTreeError) as err:
+        EngineOptions.merge(opts, engine="hf", kv_sinks=2)
+    text = str(err.value)
+    assert "engine='hf' vs options.engine='static'" in text and "kv_sinks=2 vs options.kv_sinks=4" in text
+    assert "tree_order" not in text and "\n" not in text
+    with pytest.raises(DynaTreeError, match="options must be an EngineOptions, got dict"):
+        EngineOptions.merge({"engine": "hf"})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    target = tiny_model("llama", 0)
+    return target, perturbed(target, noise=0.05)
+
+
+IDS = torch.tensor([[5, 6, 7, 8, 9]])
+
+
+def test_generate_takes_options_or_keywords_alike(pair) -> None:
+    target, draft = pair
+    run = dict(max_new_tokens=10, eos_token_id=[])
+    by_keywords = dynatree.generate(target, draft, IDS, "linear", k=3, engine="static", tree_order="dfs", **run)
+    opts = EngineOptions(engine="static", tree_order="dfs")
+    by_options = dynatree.generate(target, draft, IDS, "linear", k=3, options=opts, **run)
+    reference = dynatree.generate(target, None, IDS, "autoregressive", engine="hf", **run)
+    assert torch.equal(by_keywords.sequences, by_options.sequences)
+    assert torch.equal(by_options.sequences, reference.sequences)
+    assert any(key[1].buckets is None for key in engines._STATIC[target])  # it ran the static engine
+    with pytest.raises(DynaTreeError, match="engine='hf' vs options.engine='static'"):
+        dynatree.generate(target, draft, IDS, "linear", engine="hf", options=opts, **run)
+    with pytest.raises(DynaTreeError, match="unknown tree_order"):  # refused before any model call
+        dynatree.generate(target, draft, IDS, "linear", tree_order="random", **run)
+
+
+def test_precompile_refuses_the_hf_engine(pair) -> None:
+    with pytest.raises(DynaTreeError, match="precompile builds the static engine"):
+        dynatree.precompile(*pair, 32, EngineOptions(engine="hf"))
+    with pytest.raises(DynaTreeError, match="buckets=\\(1, 2\\) vs options.buckets=None"):
+        dynatree.precompile(*pair, 32, EngineOptions(engine="static"), buckets=[2, 1])
