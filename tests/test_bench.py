@@ -149,6 +149,7 @@ def test_run_options_pick_the_engine_per_spec() -> None:
         parse_strategies("linear:compile=true")[1].engine_for("hf", False)
     for bad, msg in (("linear:engine=gpu", "engine must be one of"), ("linear:compile=3", "compile must be true"),
                      ("hf-assisted:engine=static", "takes no"),
+                     ("hf-generate:k=2", "takes no options"),
                      ("autoregressive,autoregressive@again", "same engine options")):
         with pytest.raises(DynaTreeError, match=msg):
             parse_strategies(bad)
@@ -182,12 +183,12 @@ def settings(**over: Any) -> BenchSettings:
 
 def test_runner_all_strategies_match_autoregressive(pair, prompts, tmp_path: Path) -> None:
     target, draft = pair
-    specs = parse_strategies("linear:k=3,fixed:depth=2:branch=2,dynatree,hf-assisted")
+    specs = parse_strategies("linear:k=3,fixed:depth=2:branch=2,dynatree,hf-assisted,hf-generate")
     with ResultsWriter(tmp_path / "r.jsonl") as w:
         out = run_bench(target, draft, prompts, specs, settings(), writer=w, warmup=1, progress=False)
-    assert out.new_rows == 10 and out.mismatches == []
+    assert out.new_rows == 12 and out.mismatches == []
     rows = load_results(tmp_path / "r.jsonl").rows
-    assert len(rows) == 10 and all(r["greedy_match"] for r in rows)
+    assert len(rows) == 12 and all(r["greedy_match"] for r in rows)
     for r in rows:  # provenance and full config in every row
         assert r["settings"]["dtype"] == "float32" and r["machine"]["torch_threads"] >= 1
         assert "torch" in r["versions"] and r["memory_kind"] == "process_rss_peak"
@@ -197,6 +198,8 @@ def test_runner_all_strategies_match_autoregressive(pair, prompts, tmp_path: Pat
     hf = next(r for r in rows if r["strategy"] == "hf-assisted")
     assert hf["stats"]["acceptance"] is None and hf["stats"]["rounds"] == len(hf["per_round"]) >= 1
     assert sum(p["committed"] for p in hf["per_round"]) == T
+    plain = next(r for r in rows if r["strategy"] == "hf-generate")  # HF's own greedy loop: one token per round
+    assert plain["stats"]["rounds"] == T and plain["stats"]["mean_committed"] == 1.0
 
 
 def test_one_run_measures_both_engines_against_both_baselines(pair, prompts, tmp_path: Path, monkeypatch) -> None:

@@ -150,8 +150,11 @@ class StreamingKV:
     def __getattr__(self, name: str):  # calls, vocab_size, device, dtype, head, supports_lazy_head
         return getattr(self.kv, name)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Causal prefill in chunks, evicting between them (a prompt may be longer than the window)."""
+    def prefill(self, tokens: Sequence[int], hidden: bool = False) -> None:
+        """Causal prefill in chunks, evicting between them (a prompt may be longer than the window).
+        ``hidden`` (features for a feature draft) is refused: the engine refuses that pairing first."""
+        if hidden:
+            raise DynaTreeError("KV eviction does not return hidden states (feature drafts are refused with kv_window)")
         tokens = list(tokens)
         # The sinks go first on their own: later queries may need rotated copies of them.
         first = max(0, min(self.config.sinks - self.length, len(tokens)))

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 DEFAULT_STRATEGIES = "autoregressive,linear,fixed,dynatree,dyspec,hf-assisted"
 STRATEGY_HELP = (
     "Comma-separated specs NAME:key=value:...@LABEL (options and label optional), e.g. \"linear:k=8,fixed:depth=8:branch=3,dynatree\". "
-    "Names: autoregressive, linear, fixed, dynatree, dyspec, dyspec-threshold, hf-assisted; presets: seeds, "
+    "Names: autoregressive, linear, fixed, dynatree, dyspec, dyspec-threshold, hf-assisted, hf-generate (HF's "
+    "plain greedy generate, no draft); presets: seeds, "
     "ablation. The same name may appear twice with different options. autoregressive is always run first. "
     "engine=hf|static and compile=true|false override --engine/--compile for one spec, e.g. "
     "\"autoregressive,autoregressive:engine=static:compile=true@ar-compiled,dynatree,dynatree:engine=static:compile=true@dt-compiled\" "
@@ -193,7 +194,7 @@ def bench(
     specs = parse_strategies(strategies)  # validate before loading anything
     engine = BenchSettings.engine_fields(options)
     for s in specs:
-        if s.name != "hf-assisted":
+        if s.name not in ("hf-assisted", "hf-generate"):
             s.engine_options(options)  # refuses compile=true on an hf spec
     needs_draft = any(s.uses_draft for s in specs)
     device, output, progress = run.device, run.output, run.progress
@@ -202,7 +203,7 @@ def bench(
 
         tmodel, dmodel, tok, draft_name = distributed.load_tp_pair(run.target, run.draft, needs_draft,
                                                                    models.parse_dtype(run.dtype))
-        specs = [s for s in specs if s.name != "hf-assisted"]  # HF's assisted generate is not run sharded here
+        specs = [s for s in specs if s.name not in ("hf-assisted", "hf-generate")]  # HF generate: not run sharded here
         device = str(tmodel.device)
     else:
         tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, device, needs_draft)
@@ -211,7 +212,7 @@ def bench(
     if temperature < 0:
         raise DynaTreeError(f"--temperature must be >= 0, got {temperature}")
     if temperature > 0 or options.kv_window is not None:
-        specs = [s for s in specs if s.name != "hf-assisted"]
+        specs = [s for s in specs if s.name not in ("hf-assisted", "hf-generate")]  # greedy, full-cache runs only
     settings = _settings(run, engine, draft_name, device, run.max_new_tokens, temperature)
     lead = True
     if tp:

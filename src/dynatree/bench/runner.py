@@ -31,6 +31,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ from ..engines import precompile
 from ..errors import DynaTreeError
 from ..options import EngineOptions
 from ..policies import make_policy
-from .specs import AUTOREGRESSIVE, HF_ASSISTED, StrategySpec
+from .specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, StrategySpec
 from .store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
 from .sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
 
@@ -229,7 +230,10 @@ def run_hf_assisted(
     if pad is None:
         pad = getattr(target.generation_config, "eos_token_id", None)
         pad = pad[0] if isinstance(pad, list) else pad
-    with torch.inference_mode(), _assistant_options(draft, spec.options):
+    if spec.name == HF_GENERATE:  # HF's plain greedy generate: no assistant
+        draft = None
+    options = _assistant_options(draft, spec.options) if draft is not None else contextlib.nullcontext()
+    with torch.inference_mode(), options:
         start = clock()
         out = target.generate(
             ids, assistant_model=draft, do_sample=False, max_new_tokens=max_new_tokens,
@@ -241,7 +245,7 @@ def run_hf_assisted(
     ttft = streamer.events[1][0] - start if len(streamer.events) > 1 else t_total
     n = len(new)
     stats = {
-        "strategy": HF_ASSISTED, "prompt_tokens": len(prompt.ids), "new_tokens": n,
+        "strategy": spec.name, "prompt_tokens": len(prompt.ids), "new_tokens": n,
         "rounds": len(rounds), "mean_committed": n / len(rounds) if rounds else None,
         # HF does not expose what it drafted or accepted per round: unknown, not zero.
         "mean_accepted": None, "acceptance": None, "mean_drafted": None, "mean_depth": None,
@@ -276,7 +280,7 @@ Runner = Callable[[torch.nn.Module, "torch.nn.Module | None", Prompt, StrategySp
 
 
 def _runner_for(spec: StrategySpec) -> Runner:
-    return run_hf_assisted if spec.name == HF_ASSISTED else run_engine  # type: ignore[return-value]
+    return run_hf_assisted if spec.name in (HF_ASSISTED, HF_GENERATE) else run_engine  # type: ignore[return-value]
 
 
 @dataclass
@@ -324,12 +328,13 @@ def run_bench(
             f"hf-assisted needs a HuggingFace model as draft (got {type(draft).__name__}, e.g. an early-exit "
             "or distilled draft); drop hf-assisted or pass a standalone draft model"
         )
-    if settings.kv_window is not None and any(s.name == HF_ASSISTED for s in specs):
-        raise DynaTreeError("hf-assisted cannot evict KV rows (--kv-window); drop it from the strategies")
+    if settings.kv_window is not None and any(s.name in (HF_ASSISTED, HF_GENERATE) for s in specs):
+        raise DynaTreeError("hf-assisted cannot evict KV rows (--kv-window), nor can hf-generate; drop them from "
+                            "the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
     resolved = {s.label: s.engine_options(settings.engine_options()).resolve(target)
-                for s in specs if s.name != HF_ASSISTED}
+                for s in specs if s.name not in (HF_ASSISTED, HF_GENERATE)}
     records = {label: _engine_record(options) for label, options in resolved.items()}
     compiled = [s for s in specs if s.label in resolved and resolved[s.label].engine == "static"
                 and resolved[s.label].compile]

@@ -34,6 +34,8 @@ from ..options import EngineOptions
 from ..policies import make_policy
 
 HF_ASSISTED = "hf-assisted"
+#: HuggingFace's own greedy ``generate`` (eager, no draft): the baseline a user compares with first.
+HF_GENERATE = "hf-generate"
 AUTOREGRESSIVE = "autoregressive"
 # Generation-config fields HF reads for assisted decoding; anything else would be silently ignored.
 HF_ASSISTED_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
@@ -70,8 +72,8 @@ class StrategySpec:
         run = self.run
         if run:
             where = format_spec(self.name, self.options)
-            if self.name == HF_ASSISTED:
-                raise DynaTreeError(f"'{where}': hf-assisted runs HuggingFace generate; it takes no "
+            if self.name in (HF_ASSISTED, HF_GENERATE):
+                raise DynaTreeError(f"'{where}': {self.name} runs HuggingFace generate; it takes no "
                                     f"{'/'.join(RUN_OPTIONS)} option")
             if "engine" in run and run["engine"] not in ENGINES:
                 raise DynaTreeError(f"'{where}': engine must be one of {', '.join(ENGINES)}, got {run['engine']!r}")
@@ -86,6 +88,10 @@ class StrategySpec:
                     f"valid: {', '.join(HF_ASSISTED_OPTIONS)}"
                 )
             config = dict(self.options)
+        elif self.name == HF_GENERATE:
+            if self.options:
+                raise DynaTreeError(f"strategy '{HF_GENERATE}' takes no options, got {', '.join(self.options)}")
+            config = {}
         else:
             policy = make_policy(self.name, **self.policy_options)  # validates names and ranges
             config = {**dataclasses.asdict(policy.config), **run}
@@ -95,7 +101,7 @@ class StrategySpec:
 
     @property
     def uses_draft(self) -> bool:
-        return self.name != AUTOREGRESSIVE
+        return self.name not in (AUTOREGRESSIVE, HF_GENERATE)
 
     @property
     def run(self) -> dict[str, Any]:
