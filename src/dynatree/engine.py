@@ -102,8 +102,8 @@ def generate(
         lazy_head: apply the target's LM head only to the tree nodes acceptance reads (None:
             automatically on CPU, where the head is a large share of a verify).
         tree_order: ``"bfs"`` (creation order) or ``"dfs"`` (depth-first; makes the tree mask
-            block-sparse for the Triton tree-attention kernel, seed 003 App. C).
-        kv_window: StreamingLLM-style eviction (seed 002's baseline): keep only the ``kv_sinks``
+            block-sparse for the Triton tree-attention kernel, DySpec App. C).
+        kv_window: StreamingLLM-style eviction (the first DynaTree paper version's baseline): keep only the ``kv_sinks``
             first tokens and the ``kv_window`` most recent ones in both caches, so a run may go
             past the models' maximum positions. Greedy output equals greedy autoregressive
             output *under the same eviction*, not the full-context output. RoPE models, hf engine.

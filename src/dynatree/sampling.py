@@ -25,7 +25,7 @@ import torch
 
 from .errors import DynaTreeError
 
-DRAFT_TEMPERATURE = 0.6  # DySpec's draft temperature for every target temperature (seed 003, §6)
+DRAFT_TEMPERATURE = 0.6  # DySpec's draft temperature for every target temperature (DySpec §6)
 
 
 def _require(ok: bool, name: str, allowed: str, value: Any) -> None:

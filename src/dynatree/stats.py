@@ -1,6 +1,6 @@
 """Per-round and per-generation statistics returned with every result.
 
-Definitions (DESIGN.md, "Metrics"): L = tokens committed per round (accepted drafted tokens + the
+Definitions: L = tokens committed per round (accepted drafted tokens + the
 bonus token, after truncation at EOS / max_new_tokens); accepted = drafted nodes on the accepted
 path (ℓ); acceptance = accepted / drafted nodes (≤ 1). The seeds' own "acceptance rate", which can
 exceed 100 %, is computed by the bench under its own name.

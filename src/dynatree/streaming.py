@@ -1,6 +1,6 @@
 """StreamingLLM-style KV eviction (attention sinks + a recent window), exact for every strategy.
 
-Seed 002 compares against "StreamingLLM + speculative": the first ``sinks`` tokens stay in the
+The first DynaTree paper version compares against "StreamingLLM + speculative": the first ``sinks`` tokens stay in the
 cache forever (they absorb attention mass) and only the ``window`` most recent tokens are kept
 besides them, so memory is bounded and a model can generate past its trained context. StreamingLLM
 assigns positions *inside the cache*: once the window is full, a query sees each window key at its

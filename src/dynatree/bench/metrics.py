@@ -1,6 +1,6 @@
 """Pure functions from result rows to the numbers in every table (no I/O, no torch).
 
-Definitions (DESIGN.md "Metrics", ANALYSIS.md §2.L and §4 items 14, 15, 21):
+Definitions:
 
 * throughput = generated tokens / wall time of the whole generate call (prefill included, warm-up
   runs excluded); aggregated as mean ± sample std (ddof = 1) over prompts;
@@ -11,7 +11,7 @@ Definitions (DESIGN.md "Metrics", ANALYSIS.md §2.L and §4 items 14, 15, 21):
 * L = committed tokens per round (accepted drafted tokens + bonus, after EOS / length truncation);
   ℓ = accepted drafted tokens per round; acceptance = accepted / drafted nodes (≤ 1);
 * ``seed_acceptance``: the seeds' "acceptance" that can exceed 100 % -- back-calculated in
-  ANALYSIS §4 item 14 as ℓ̄_seed / K for linear and ℓ̄_seed / (D + 2) for trees (D = fixed depth, or
+  the DynaTree paper as ℓ̄_seed / K for linear and ℓ̄_seed / (D + 2) for trees (D = fixed depth, or
   DynaTree's D_0), where the seeds' ℓ̄ evidently counts the bonus token (item 15), i.e.
   ℓ̄_seed = mean over rounds of (ℓ + 1). Labelled as the seeds' definition wherever shown;
 * TTFT = start of generate -> first committed token (prefill of both models + first round);

@@ -1,18 +1,18 @@
 """``dynatree report``: results JSONL -> markdown tables shaped like the seeds' + PNG figures.
 
-Sections (ANALYSIS.md §3 gives the seeds' tables this mirrors):
+Sections (mirroring the tables of the DynaTree and DySpec papers):
 
 1. provenance: rows read, lines skipped (corrupt / other schema version / duplicate), machines,
    library versions, and whether any run group was measured across several processes;
 2. greedy-output check: mismatches against the autoregressive output, per strategy;
 3. per setup (model pair, dtype, device, T), one column block per dataset:
-   main results (S0 Table 1: t/s ± std, speedup), latency (Table 2: TTFT, TPOT), verification
+   main results (DynaTree paper Table 1: t/s ± std, speedup), latency (Table 2: TTFT, TPOT), verification
    efficiency (Table 3: acceptance, the seeds' acceptance under its own name, L̄, ℓ̄, #Iter),
    and per run group resources (peak memory, Δ vs AR, time split, tree size, draft calls);
    figures: throughput with error bars, tokens-per-round histogram;
-4. ablation (S0 Table 4): DynaTree with adaptive breadth / depth / history switched on in turn;
-5. length scaling (S0 Fig. 5, S2 Table 4): speedup vs T when several T were run;
-6. parameter sensitivity (S1 Table 5, S2 Fig. 3/7): every swept configuration, best first, plus
+4. ablation (DynaTree paper Table 4): DynaTree with adaptive breadth / depth / history switched on in turn;
+5. length scaling (DynaTree paper Fig. 5 and its first version's Table 4): speedup vs T when several T were run;
+6. parameter sensitivity (DynaTree paper versions' Table 5, Fig. 3/7): every swept configuration, best first, plus
    heatmaps over the two most-varied parameters (mean speedup over the other parameters).
 
 Bench rows (``origin == "bench"``) feed 3-5; sweep rows feed 5-6.
@@ -145,7 +145,7 @@ def _greedy_check(rows: Sequence[Row]) -> str:
     body = _table(["Strategy", "Mismatched prompts", "prompt@first differing token"],
                   [[lab, f"{len(v)}/{checked[lab]}", ", ".join(v[:8]) + (" …" if len(v) > 8 else "")]
                    for lab, v in bad.items()])
-    return head + " (fp16/bf16 tree verification can flip near-ties; see DESIGN.md.)\n\n" + body
+    return head + " (fp16/bf16 tree verification can flip near-ties: a tree's logits are computed with another kernel shape than a one-token step's.)\n\n" + body
 
 
 def _dataset_table(
@@ -229,7 +229,7 @@ ABLATION_STEPS: list[tuple[tuple[bool, bool, bool], str]] = [
 
 
 def _ablation(summaries: Sequence[Summary]) -> str | None:
-    """S0 Table 4 from the DynaTree rows of one group, classified by their three switches."""
+    """The DynaTree paper's Table 4 from the DynaTree rows of one group, classified by their three switches."""
     found: dict[tuple[bool, bool, bool], Summary] = {}
     for s in summaries:
         if s.strategy != "dynatree":
@@ -285,7 +285,7 @@ def build_report(results: str | Path, out_dir: str | Path) -> Report:
            "L̄ = tokens committed per round (incl. bonus); ℓ̄ = accepted drafted tokens per round; "
            "Accept. = accepted ÷ drafted nodes. *Accept. (seeds' def.)* = (ℓ̄ + 1) ÷ K for linear and "
            "(ℓ̄ + 1) ÷ (D + 2) for trees (D = depth, or DynaTree's D_0): the definition that reproduces the seeds' "
-           "tables and can exceed 100% (ANALYSIS §4 items 14-15). TTFT = start → first committed token; "
+           "tables and can exceed 100% (they divide L by K or by the tree depth + 2). TTFT = start → first committed token; "
            "TPOT = (total − TTFT) ÷ (T − 1). On CPU, memory is the process RSS high-water mark so far "
            "(monotone across runs); on CUDA, the allocator peak of each run. hf-assisted: HuggingFace "
            "`generate(assistant_model=draft)`; its drafting internals are not visible, so acceptance, ℓ̄ "
@@ -324,16 +324,16 @@ def _main_sections(rows: Sequence[Row], summaries: Sequence[Summary],
         colors = palette(labels)
         title = _setup_title(ss[0].settings)
         md += [f"## Setup {n}: {title}", "",
-               "### Main results (shape of S0 Table 1)", "", _dataset_table(by_ds, labels, _main_columns(ss)), "",
-               "### Latency (shape of S0 Table 2)", "", _dataset_table(by_ds, labels, LATENCY_COLUMNS), "",
-               "### Verification efficiency (shape of S0 Table 3)", "", _dataset_table(by_ds, labels, EFFICIENCY_COLUMNS), ""]
+               "### Main results (shape of DynaTree Table 1)", "", _dataset_table(by_ds, labels, _main_columns(ss)), "",
+               "### Latency (shape of DynaTree Table 2)", "", _dataset_table(by_ds, labels, LATENCY_COLUMNS), "",
+               "### Verification efficiency (shape of DynaTree Table 3)", "", _dataset_table(by_ds, labels, EFFICIENCY_COLUMNS), ""]
         for ds, dss in by_ds.items():
             group_rows = [r for r in rows if r["group"] == dss[0].group]
             slug = _slug(f"{n}-{ds}")
             md += [f"### {ds}: resources, time split, tree shape", "", _resources(dss), ""]
             ablation = _ablation(dss)
             if ablation:
-                md += [f"### {ds}: ablation (shape of S0 Table 4)", "", ablation, ""]
+                md += [f"### {ds}: ablation (shape of DynaTree Table 4)", "", ablation, ""]
             ok = [s for s in dss if s.get("throughput")]
             fig = plots.throughput_bars(
                 [s.label for s in ok], [s.get("throughput").mean for s in ok], [s.get("throughput").std for s in ok],
@@ -384,7 +384,7 @@ def _length_section(summaries: Sequence[Summary], origins: Mapping[tuple[str, st
         lengths = sorted({t for pts in by_label.values() for t in pts})
         if len(lengths) < 2:
             continue
-        md += [f"## Best configuration per generation length ({n}) (shape of S2 Table 4)", "",
+        md += [f"## Best configuration per generation length ({n}) (shape of the first DynaTree version's Table 4)", "",
                _best_per_length(at[fam], lengths), ""]
         by_label = {lab: pts for lab, pts in by_label.items() if len(pts) >= 2}
         if len(by_label) > 8:  # a sweep over many configs: keep the best 8 at the longest length

@@ -1,6 +1,6 @@
 """Run every strategy on the same prompts in one process and record one row per (prompt, strategy).
 
-Protocol (seeds S0/S1 §4, decisions in DESIGN.md):
+Protocol (the DynaTree paper's §4, with our decisions where it is silent):
 
 * the autoregressive baseline runs first on every prompt; prompts are the outer loop and the
   strategies the inner one, so slow drifts of a noisy machine (CPU frequency, other processes)

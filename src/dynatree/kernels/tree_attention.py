@@ -2,7 +2,7 @@
 
 A verify pass attends ``n`` tree queries to ``prefix + n`` keys under the tree mask. Split into
 ``BLOCK x BLOCK`` tiles, every prefix tile is dense but most tree tiles are empty: a node only sees
-its ancestors. DySpec (seed 003, App. C) orders the tree depth-first so each subtree is a contiguous
+its ancestors. DySpec (App. C) orders the tree depth-first so each subtree is a contiguous
 range, which concentrates the non-empty tiles near the diagonal; this kernel then visits only the
 non-empty tiles (a per-query-block list of key blocks), FlashAttention-style with an online softmax.
 

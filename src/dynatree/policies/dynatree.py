@@ -1,17 +1,17 @@
 """DynaTree: confidence-aware breadth, probability-gated depth, history adaptation (seeds 000/001).
 
-Per round (S0/S1 Alg. 1, expanded breadth-first, one draft call per level):
+Per round (DynaTree paper, Alg. 1, expanded breadth-first, one draft call per level):
 
 * root u_0 = the draft's top-1 token (seed-faithful; ``root_branching=True`` branches there too);
 * a frontier node u with path probability p(u) and seed depth d(u) (u_0 has d = 0) is expanded iff
   p(u) >= tau, d(u) < D_max, p(u) >= rho_stop and (d(u) < D_0 or p(u) >= rho_deep), while the tree
-  holds fewer than N_max drafted nodes (S0 Alg. 1 lines 14-25);
+  holds fewer than N_max drafted nodes (Alg. 1 lines 14-25);
 * breadth from the draft's confidence c(u) = max softmax at u: B_min if c >= tau_h, B_max if
   c < tau_l, else B_mid (line 27); children are the top-B tokens, added until N_max (line 28);
-* history (S0 §3.4): a_r = accepted / drafted nodes of round r, averaged over the last W rounds
+* history (DynaTree paper §3.4): a_r = accepted / drafted nodes of round r, averaged over the last W rounds
   (ā); then D_0 <- clip(D_0 + eta_D (ā - a*), 1, D_max - 1) and tau_h <- clip(tau_h - eta_h (ā - a*)).
 
-Decisions the seeds leave open (DESIGN.md): tau = 0.1, rho_deep = 0.5 and a CPU node budget
+Decisions the paper leaves open (ours): tau = 0.1, rho_deep = 0.5 and a CPU node budget
 of 4 come from the sweep in benchmarks/cpu (offline pair); a* = 0.25 from the history sweep there
 (W in 4/8/16 x a* in 0.25/0.35/0.5; B_mid, rho_stop and eta_D swept too and left at 2, 0.05, 2:
 at a 4-node budget they move L by < 0.03). D_0 is kept as a real number and rounded when gating;

@@ -1,4 +1,4 @@
-"""DySpec greedy dynamic tree (seed 003, Alg. 1): expand the pending sampling of highest value.
+"""DySpec greedy dynamic tree (DySpec, Alg. 1): expand the pending sampling of highest value.
 
 A heap element is a *pending sampling* at a tree node: the node's residual draft distribution R
 (its draft distribution with the already sampled children removed and renormalised) and the value
@@ -7,12 +7,12 @@ the best element, sample y ~ R, add y as a child; the child's first sampling get
 node's next sampling gets v * (1 - R[y]) with R[y] <- 0 renormalised. A residual with no mass left
 has value 0 and is never pushed. Stop when the tree holds ``max_nodes`` drafted nodes. Children are
 *sampled* (at the draft temperature, default 0.6), never chosen as top-k: whether a node is kept
-must not depend on which token it is, or verification would be biased (seed 003, §4). Every node's
+must not depend on which token it is, or verification would be biased (DySpec §4). Every node's
 value equals its path probability under the draft, exp(cum_logq) (App. D, Eq. 11), and the sum of
 the node values is the tree's expected number of accepted tokens under DySpec's estimate
 SD[x] ≈ p_draft(x); it is logged per round as ``expected_accept``.
 
-Fixes to the pseudocode (seed ANALYSIS §4 items 26, 31): y is sampled before the node is added
+Fixes to the paper's pseudocode: y is sampled before the node is added
 (Alg. 1 lines 6-7 are in the wrong order); the sibling is pushed before the child, as written, so
 equal values pop the sibling first.
 

@@ -1,4 +1,4 @@
-"""DySpec threshold tree (seed 003, Alg. 2): layer by layer, one draft call per layer.
+"""DySpec threshold tree (DySpec, Alg. 2): layer by layer, one draft call per layer.
 
 Every leaf of the current layer with value v >= t is run through the draft (all of them in one
 call); then each keeps sampling children without replacement while its pending sampling's value is
@@ -9,7 +9,7 @@ the same as the acceptance rate of the last token, we will exactly get the same 
 previous algorithm") but at one draft call per layer instead of a priority order. The threshold is
 "typically around 1/n"; the paper's experiment uses t = 0.001 with a cap of 768 nodes.
 
-Fixes to the pseudocode (seed ANALYSIS §4 item 27): Alg. 2 line 9 reads ``while v_i < t``, a typo
+Fix to the paper's pseudocode: Alg. 2 line 9 reads ``while v_i < t``, a typo
 for ``while v_i >= t`` (it would only ever expand worthless samplings); the paper also uses a size
 cap the pseudocode lacks: ``max_nodes``. Under the cap, leaves are expanded in layer order (the
 paper's ``foreach``), so a capped layer keeps its earlier-created subtrees. Leaves below t are never

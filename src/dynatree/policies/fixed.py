@@ -1,6 +1,6 @@
 """Fixed tree: top-B children per node to depth D, probability pruning tau, node budget N_max.
 
-This is seed 002's DynaTree algorithm (Alg. 1, S2), which the later seeds use as their "Fixed
+This is the algorithm of the first DynaTree paper version (adaptive pruning only, its Alg. 1), which the later versions use as their "Fixed
 Tree" baseline. The root u_0 is the draft's top-1 token (seed-faithful); ``root_branching=True``
 gives the first position B candidates like every other node.
 
@@ -27,7 +27,7 @@ class FixedTreeConfig:
     """depth: expansion levels after u_0 (D); branch: children per node (B); tau: pruning
     threshold on path probability; max_nodes: drafted-node budget (N_max).
 
-    Defaults are seed 000's tuned fixed tree (D=8, B=3, tau=0.1, N_max=256)."""
+    Defaults are the DynaTree paper's tuned fixed tree (D=8, B=3, tau=0.1, N_max=256)."""
 
     depth: int = 8
     branch: int = 3
