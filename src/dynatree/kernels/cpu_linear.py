@@ -9,7 +9,7 @@ slower still (inductor turns a one-row matmul into its own loop). The same produ
 different BLAS kernel that streams each weight once for all rows: for 2-8 rows it costs *less*
 than the one-row ``F.linear``. So one-row calls are padded to two (their answer is the first
 row), and every call of up to ``max_rows`` rows takes this layout. Measured side by side in
-``benchmarks/cpu/linear_layout.py`` (layers only) and ``engines_s4.jsonl`` (end to end); results differ from ``F.linear`` only by float summation
+``benchmarks/cpu/linear_layout.py`` (layers only) and ``engines.jsonl`` (end to end); results differ from ``F.linear`` only by float summation
 order (greedy exactness is unaffected and tested).
 
 It is applied through a :class:`~torch.overrides.TorchFunctionMode` around our own model calls,

@@ -85,7 +85,7 @@ class DynaTreeConfig:
 # DYNATREE_COST_MODEL=on; never under StreamingLLM eviction). On a CPU a verify of root + 3 nodes (4 rows) costs about one
 # autoregressive step with the few-row linear layout (kernels/cpu_linear.py) but 5+ rows cost
 # ~1.5x (BLAS switches kernels above 4 rows), so the CPU budget is 3: 1.04x over compiled AR vs
-# 0.85x with 4 nodes, same run (benchmarks/cpu/engines_s4.jsonl). On a GPU a forward costs about
+# 0.85x with 4 nodes, same run (benchmarks/cpu/engines.jsonl). On a GPU a forward costs about
 # the same for 1 to ~256 tokens, so wide trees are nearly free there (64 is provisional: no GPU
 # sweep has been run yet).
 DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}

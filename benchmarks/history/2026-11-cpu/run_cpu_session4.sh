@@ -16,4 +16,4 @@ for s in "linear:k=1@linear-1" "linear:k=3@linear-3" "dynatree:max_nodes=3@dynat
   S="$S,$name@$label,$name:$C@$label-compiled"
 done
 timeout 3000 dynatree bench --buckets 1,2,4,8,16,32,64 --strategies "$AR$S" --num-prompts 4 --max-new-tokens 96 \
-  --warmup 1 --warmup-tokens 32 $common --output $out/engines_s4.jsonl
+  --warmup 1 --warmup-tokens 32 $common --output $out/engines.jsonl
