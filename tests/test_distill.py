@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from dynatree import distill as D
+from dynatree import distill_data as DD
 from dynatree import distilled as R
 from dynatree.errors import DynaTreeError
 
@@ -39,7 +40,7 @@ def tiny_target(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).eval()
 
 
-DOCS = [D.Text(f"doc{i}", " ".join(f"w{n}" for n in random.Random(i).sample(range(10**6), 90)))
+DOCS = [DD.Text(f"doc{i}", " ".join(f"w{n}" for n in random.Random(i).sample(range(10**6), 90)))
         for i in range(12)]
 SMALL = dict(layers=1, vocab_subset=48, batch=4, seq_len=20, prompt_tokens=16, new_tokens=8,
              train_sequences=16, eval_sequences=4, gen_batch=8, holdout_every=3, top_k=4,
@@ -201,9 +202,9 @@ def test_training_reduces_loss_and_resume_matches_uninterrupted(
 
 def test_prompts_are_held_out_by_document() -> None:
     cfg = D.DistillConfig(steps=1, **SMALL)
-    prompts = D.build_prompts(ByteTokenizer(), DOCS, cfg)
+    prompts = DD.build_prompts(ByteTokenizer(), DOCS, cfg)
     assert prompts.train.shape == (16, 16) and prompts.eval.shape == (4, 16)
-    held = {tuple(ByteTokenizer().encode(d.text)) for d in DOCS if D.is_held_out(d.name, 3)}
+    held = {tuple(ByteTokenizer().encode(d.text)) for d in DOCS if DD.is_held_out(d.name, 3)}
     assert held and len(held) < len(DOCS)
     for row in prompts.eval.tolist():
         assert any(_contains(doc, row) for doc in held)
@@ -220,7 +221,7 @@ def test_prose_cleaning_drops_code_and_grammar() -> None:
     text = ("Heading\n*******\n\nThis paragraph explains what the statement does and why it "
             "matters to the reader of the documentation.\n\n   x = 1\n   y = 2\n\n"
             "stmt ::= expr \"=\" expr and a long enough line to pass the length filter here")
-    assert D._prose_paragraphs(text) == [
+    assert DD._prose_paragraphs(text) == [
         "This paragraph explains what the statement does and why it matters to the reader of "
         "the documentation."]
 
@@ -231,10 +232,10 @@ def test_corpora_setting_selects_documents_and_is_validated(monkeypatch: pytest.
     with pytest.raises(DynaTreeError, match="corpora must be"):
         D.DistillConfig(corpora="pydoc,nope")
     assert "corpora" in D.DistillConfig().data_key()  # other corpora -> other labelled data
-    pydoc = D.documents_for("pydoc")
+    pydoc = DD.documents_for("pydoc")
     assert pydoc and all(d.name.startswith("pydoc/") for d in pydoc)
-    wiki = [D.Text("wiki/A", "alpha"), D.Text("wiki/B", "beta")]
+    wiki = [DD.Text("wiki/A", "alpha"), DD.Text("wiki/B", "beta")]
     monkeypatch.setattr(corpora, "load", lambda name, root=None: wiki if name == "wiki" else [])
-    assert D.documents_for("wiki") == wiki
-    both = D.documents_for("pydoc,wiki")
+    assert DD.documents_for("wiki") == wiki
+    both = DD.documents_for("pydoc,wiki")
     assert both[-2:] == wiki and len(both) == len(pydoc) + 2

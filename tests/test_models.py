@@ -29,14 +29,14 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tiny import tiny_model
 
-from dynatree import models
+from dynatree import gguf, models
+from dynatree.gguf import gguf_cache_path
 from dynatree.errors import DynaTreeError
 from dynatree.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     PRESETS,
     check_compatible,
-    gguf_cache_path,
     load_gguf,
     load_model,
     load_tokenizer,
@@ -221,7 +221,7 @@ def test_parse_dtype() -> None:
 
 def test_cache_dir_honours_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DYNATREE_CACHE", str(tmp_path))
-    assert models.cache_dir() == tmp_path
+    assert gguf.cache_dir() == tmp_path
 
 
 # ------------------------------------------------------------------------------ GGUF and cache
@@ -257,7 +257,7 @@ def test_gguf_is_converted_once_cached_atomically_and_reloaded_identically(
     assert "quantization_config" not in (cached / "config.json").read_text()
 
     # Later loads, also through the generic entry points, must come from the cache.
-    monkeypatch.setattr(models, "_convert_gguf", lambda *args: pytest.fail("converted twice"))
+    monkeypatch.setattr(gguf, "_convert_gguf", lambda *args: pytest.fail("converted twice"))
     monkeypatch.setenv("DYNATREE_CACHE", str(cache_root))
     model_again, tokenizer_again = load_model(str(path))
     assert load_tokenizer(str(path)).get_vocab() == tokenizer.get_vocab()

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from dynatree.distill import (DistillConfig, LabelledData, build_prompts, evaluate, label_prompts,
-                              offline_corpus)
+from dynatree.distill import evaluate
+from dynatree.distill_config import DistillConfig
+from dynatree.distill_data import LabelledData, build_prompts, label_prompts, offline_corpus
 from dynatree.distilled import load_distilled_draft
 from dynatree.models import load_model, make_early_exit_draft
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from dynatree.distill import LabelledData, evaluate, label_batch
+from dynatree.distill import evaluate
+from dynatree.distill_data import LabelledData, label_batch
 from dynatree.distilled import load_distilled_draft
 from dynatree.models import load_model
 

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-from dynatree.distill import DistillConfig, LabelledData, build_prompts, documents_for, evaluate
+from dynatree.distill import evaluate
+from dynatree.distill_config import DistillConfig
+from dynatree.distill_data import LabelledData, build_prompts, documents_for
 from dynatree.distilled import load_distilled_draft
 from dynatree.models import load_model
 

