@@ -15,3 +15,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # clock and write profiles to the user's cache dir: off for the suite whatever the environment
 # says; tests/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
 os.environ["DYNATREE_COST_MODEL"] = "off"
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _few_row_layout_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite runs single-threaded, where ``cpu_linear=None`` keeps plain ``nn.Linear``; with two
+    or more threads (most users) it turns the few-row layout on. Every exactness test runs the
+    engine's defaults, so here the layout is on from one thread: the tests cover what users run.
+    ``tests/test_cpu_linear.py`` checks the thread rule itself with the real threshold."""
+    from dynatree import engines
+
+    monkeypatch.setattr(engines, "CPU_LINEAR_MIN_THREADS", 1)

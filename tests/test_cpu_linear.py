@@ -83,3 +83,17 @@ def test_a_broken_layout_is_caught_by_the_greedy_check(monkeypatch: pytest.Monke
     monkeypatch.setattr(cpu_linear, "small_batch_linear", reversed_rows)
     out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, eos_token_id=[], k=3)
     assert not torch.equal(out.sequences, hf_greedy(target, ids, 24, None))
+
+
+def test_default_is_on_from_two_threads_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread: the layout measured slower (session 6); two or more: on; explicit values win."""
+    from dynatree import engines
+
+    monkeypatch.setattr(engines, "CPU_LINEAR_MIN_THREADS", 2)  # the real threshold (conftest lowers it)
+    model = tiny_model("llama", 0)
+    monkeypatch.setattr(engines.torch, "get_num_threads", lambda: 1)
+    assert engines.resolve_cpu_linear(model, None) is False
+    assert engines.resolve_cpu_linear(model, True) is True
+    monkeypatch.setattr(engines.torch, "get_num_threads", lambda: 2)
+    assert engines.resolve_cpu_linear(model, None) is True
+    assert engines.resolve_cpu_linear(model, False) is False

@@ -118,7 +118,7 @@ def split(texts: list[Text], held_out: bool, holdout_every: int = HOLDOUT_EVERY)
 
 # ---------------------------------------------------------------------------- fetching
 def corpora_dir() -> Path:
-    from dynatree.models import cache_dir  # models imports nothing from here: no cycle
+    from dynatree.gguf import cache_dir  # gguf imports nothing from here: no cycle
 
     return cache_dir() / "corpora"
 

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from .distill import (CHECKPOINT_FILE, FINAL_DIR, LOG_FILE, Agreement, LabelledData, Tokenizer, _atomic_save,
-                      _draft_config, _lr_at, _progress, _subset_targets, distill_loss, labelled_data, save_checkpoint,
-                      start_training)
+from .distill import (CHECKPOINT_FILE, FINAL_DIR, LOG_FILE, Agreement, _draft_config, _lr_at, _subset_targets,
+                      distill_loss, save_checkpoint, start_training)
+from .distill_data import LabelledData, Tokenizer, _atomic_save, _progress, labelled_data
 from .corpora import Text
 from .distill_config import DEFAULT_TARGET, DistillConfig
 from .distilled import TargetFingerprint, save_draft

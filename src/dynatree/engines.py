@@ -85,12 +85,25 @@ def _can_compile(device: str) -> bool:
     return True
 
 
+#: torch threads from which ``cpu_linear=None`` turns the few-row layout on (see resolve_cpu_linear).
+CPU_LINEAR_MIN_THREADS = 2
+
+
 def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
-    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU, off for a sharded one."""
+    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU run with two or more
+    torch threads, off for a sharded one and off with one thread.
+
+    Why the thread count: the few-row layout was measured to help with 2 threads (a 4-row verify
+    at 1.04x a one-token step, compiled autoregressive 1.20x faster), but with 1 thread the same
+    layout made eager autoregressive decoding 0.76x and DynaTree 0.89x as fast (offline pair,
+    ``benchmarks/cpu/README.md``, session 6), and left HF's own ``generate`` ahead of ours.
+    """
     sharded = distributed.resolve_cpu_linear(model, cpu_linear)
     if sharded is not None:
         return sharded
-    return next(model.parameters()).device.type == "cpu" if cpu_linear is None else bool(cpu_linear)
+    if cpu_linear is None:
+        return next(model.parameters()).device.type == "cpu" and torch.get_num_threads() >= CPU_LINEAR_MIN_THREADS
+    return bool(cpu_linear)
 
 
 _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, CacheOptions], StaticCachedModel]]" = (
