@@ -129,12 +129,13 @@ class CachedModel:
         return out.logits[0, :, : self.vocab_size].float()
 
     def call(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
-             **inputs: Any) -> Any:
+             base: bool = False, **inputs: Any) -> Any:
         """One model call on the cache (mask and positions as in :meth:`forward`) with extra model
-        ``inputs`` (a feature draft's ``features``); returns the model's raw output."""
+        ``inputs`` (a feature draft's ``features``); returns the model's raw output. ``base`` calls
+        the model without its LM head (``base_model``)."""
         self.calls += 1
         with self._layout():
-            out = self.model(
+            out = (self.model.base_model if base else self.model)(
                 input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
                 attention_mask=self._mask(visible, since, positions),
                 position_ids=positions.view(1, -1).to(self.device),
@@ -185,17 +186,7 @@ class CachedModel:
     def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                        since: int) -> torch.Tensor:
         """Like :meth:`forward` but stops before the LM head: final hidden states ``[q, H]``."""
-        self.calls += 1
-        with self._layout():
-            out = self.model.base_model(
-                input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
-                attention_mask=self._mask(visible, since, positions),
-                position_ids=positions.view(1, -1).to(self.device),
-                past_key_values=self.cache,
-                use_cache=True,
-            )
-        self._track(positions)
-        return out.last_hidden_state[0]
+        return self.call(tokens, positions, visible, since, base=True).last_hidden_state[0]
 
 
 class StaticCachedModel(CachedModel):
@@ -308,14 +299,8 @@ class StaticCachedModel(CachedModel):
             if layer.is_initialized:
                 layer.cumulative_length.fill_(length)
 
-    def forward(
-        self,
-        tokens: Sequence[int] | torch.Tensor,
-        positions: torch.Tensor,
-        visible: torch.Tensor,
-        since: int,
-        last_only: bool = False,
-    ) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+                last_only: bool = False) -> torch.Tensor:
         rows = self._run(tokens, positions, visible, since, last_only)
         if self._hidden:
             rows = self.apply_head(rows)

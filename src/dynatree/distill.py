@@ -25,7 +25,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -241,22 +241,32 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
                 group["lr"] = _lr_at(step, cfg)
             loss, agree = _train_step(draft, optimizer, next(batches))
             step += 1
-            record: dict[str, Any] = {"step": step, "loss": round(loss, 5),
-                                      "agree": round(agree, 5), "lr": _lr_at(step - 1, cfg),
-                                      "seconds": round(time.monotonic() - t0, 2)}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                record["eval"] = asdict(evaluate(draft, evals))
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", agree=f"{agree:.3f}")
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                save_checkpoint(ckpt_path, step, cfg, subset, draft, optimizer, gen)
+            end_step(log, bar, step, loss, agree, cfg, t0, lambda: evaluate(draft, evals),
+                     lambda: save_checkpoint(ckpt_path, step, cfg, subset, draft, optimizer, gen))
     bar.close()
+    return save_final(draft, out, train, cfg, evaluate(draft, evals))
 
+
+def end_step(log: Any, bar: Any, step: int, loss: float, agree: float, cfg: DistillConfig, t0: float,
+             score: Callable[[], Agreement], checkpoint: Callable[[], None]) -> None:
+    """One JSON line per step (held-out ``score`` every ``eval_every``), the progress bar, and a
+    checkpoint every ``checkpoint_every`` steps and at the last."""
+    record: dict[str, Any] = {"step": step, "loss": round(loss, 5), "agree": round(agree, 5),
+                              "lr": _lr_at(step - 1, cfg), "seconds": round(time.monotonic() - t0, 2)}
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+        record["eval"] = asdict(score())
+    log.write(json.dumps(record) + "\n")
+    log.flush()
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss:.3f}", agree=f"{agree:.3f}")
+    if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        checkpoint()
+
+
+def save_final(draft: DistilledDraft, out: Path, train: LabelledData, cfg: DistillConfig, score: Agreement) -> Path:
+    """``final/``: the fp16 weights, config and held-out metrics."""
     final = save_draft(draft, out / FINAL_DIR)
-    metrics = {"train_positions": int(train.valid.sum()), "eval": asdict(evaluate(draft, evals)),
-               "config": asdict(cfg)}
+    metrics = {"train_positions": int(train.valid.sum()), "eval": asdict(score), "config": asdict(cfg)}
     (final / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return final
 

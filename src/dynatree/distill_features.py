@@ -31,12 +31,12 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from .distill import (CHECKPOINT_FILE, FINAL_DIR, LOG_FILE, Agreement, _draft_config, _lr_at, _subset_targets,
-                      distill_loss, save_checkpoint, start_training)
+from .distill import (CHECKPOINT_FILE, LOG_FILE, Agreement, _draft_config, _lr_at, _subset_targets, distill_loss,
+                      end_step, save_checkpoint, save_final, start_training)
 from .distill_data import LabelledData, Tokenizer, _atomic_save, _progress, labelled_data
 from .corpora import Text
 from .distill_config import DEFAULT_TARGET, DistillConfig
-from .distilled import TargetFingerprint, save_draft
+from .distilled import TargetFingerprint
 from .errors import DynaTreeError
 from .feature_draft import FeatureDraft
 
@@ -230,19 +230,7 @@ def distill_features(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | 
             torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
             optimizer.step()
             step += 1
-            record: dict[str, Any] = {"step": step, "loss": round(float(loss.detach()), 5), "agree": round(agree, 5),
-                                      "lr": _lr_at(step - 1, cfg), "seconds": round(time.monotonic() - t0, 2)}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                record["eval"] = asdict(evaluate_features(draft, evals, eval_feats))
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            bar.update(1)
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree=f"{agree:.3f}")
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                save_checkpoint(ckpt_path, step, cfg, subset, draft, optimizer, gen)
+            end_step(log, bar, step, float(loss.detach()), agree, cfg, t0, lambda: evaluate_features(draft, evals, eval_feats),
+                     lambda: save_checkpoint(ckpt_path, step, cfg, subset, draft, optimizer, gen))
     bar.close()
-    final = save_draft(draft, out / FINAL_DIR)
-    metrics = {"train_positions": int(train.valid.sum()), "eval": asdict(evaluate_features(draft, evals, eval_feats)),
-               "config": asdict(cfg)}
-    (final / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    return final
+    return save_final(draft, out, train, cfg, evaluate_features(draft, evals, eval_feats))
