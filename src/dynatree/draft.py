@@ -17,18 +17,18 @@ from collections.abc import Sequence
 
 import torch
 
-from .cache import CachedModel
+from .cache import KVModel
 from .tree import TreeBuilder
 
 
 class Drafter:
-    """Level-batched draft forwards with a tree mask, over the draft's :class:`CachedModel`."""
+    """Level-batched draft forwards with a tree mask, over the draft's :class:`~dynatree.cache.KVModel`."""
 
     #: Whether the engine must hand over the target's features (final hidden states) of the
     #: prompt and of every round's root and accepted nodes (:class:`FeatureDrafter`).
     wants_features = False
 
-    def __init__(self, kv: CachedModel) -> None:
+    def __init__(self, kv: KVModel) -> None:
         self.kv = kv
         self.pending: list[int] = []
         self._builder: TreeBuilder | None = None
@@ -123,7 +123,7 @@ class FeatureDrafter(Drafter):
 
     wants_features = True
 
-    def __init__(self, kv: CachedModel) -> None:
+    def __init__(self, kv: KVModel) -> None:
         super().__init__(kv)
         self.pending_features: torch.Tensor | None = None  # [len(pending), H]: each pending token's parent's
         self._pred: dict[int, torch.Tensor] = {}  # tree node -> predicted feature (root: 0)

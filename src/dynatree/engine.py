@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from . import distributed
-from .cache import CachedModel
+from .cache import KVModel
 from .draft import Drafter, FeatureDrafter
 from .engines import cached_pair, eval_mode, notice, vocab_size
 from .feature_draft import uses_target_features
@@ -199,8 +199,8 @@ def generate(
 
 
 def _decode(
-    target: CachedModel,
-    draft: CachedModel | None,
+    target: KVModel,
+    draft: KVModel | None,
     prompt: list[int],
     policy: DraftPolicy,
     max_new_tokens: int,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -147,8 +148,36 @@ class StreamingKV:
         """Rows physically in the cache (bounded by sinks + window + chunk + one round)."""
         return self.kv.length
 
-    def __getattr__(self, name: str):  # calls, vocab_size, device, dtype, head, supports_lazy_head
-        return getattr(self.kv, name)
+    # The wrapped model's identity and head are unchanged by eviction: explicit delegation, so the
+    # KVModel interface (dynatree.cache) is what a reader and a type checker see here.
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.kv.model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.kv.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kv.dtype
+
+    @property
+    def calls(self) -> int:
+        return self.kv.calls
+
+    def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.kv.apply_head(hidden)
+
+    def supports_lazy_head(self) -> bool:
+        return self.kv.supports_lazy_head()
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        raise DynaTreeError("KV eviction supports forward/forward_hidden only (feature drafts are refused with kv_window)")
 
     def prefill(self, tokens: Sequence[int], hidden: bool = False) -> None:
         """Causal prefill in chunks, evicting between them (a prompt may be longer than the window).

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from .cache import CachedModel
+from .cache import KVModel
 from .sampling import SamplingConfig, draw, target_probs, uniform, without
 from .tree import TokenTree, ancestor_matrix, children_lists, dfs_order, position_ids
 
@@ -141,7 +141,7 @@ def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
 
 
 def tree_forward(
-    kv: CachedModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False, keep_hidden: bool = False
+    kv: KVModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False, keep_hidden: bool = False
 ) -> tuple[torch.Tensor | LazyLogits, torch.Tensor]:
     """ONE target forward over every tree node; returns (logits ``[n, V]``, cache rows ``[n]``).
 
