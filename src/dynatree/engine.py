@@ -110,8 +110,9 @@ def generate(
         kv_sinks: attention-sink tokens kept with ``kv_window`` (StreamingLLM uses 4).
         cpu_linear: compute the linear layers of calls of up to 64 rows as ``(W @ x.T).T``
             (:mod:`dynatree.kernels.cpu_linear`): on the CPU it was measured on, a tree of a few
-            nodes then costs less than one ``F.linear`` step. None: on for CPU models. Applies to
-            the autoregressive baseline too, so speedups compare equal machinery.
+            nodes then costs less than one ``F.linear`` step. None: on for CPU models run with 2+
+            torch threads (with 1 it measured slower). Applies to the autoregressive baseline too,
+            so speedups compare equal machinery.
         on_round: called after every round with its :class:`~dynatree.stats.RoundEvent` (the
             committed tokens, the drafted tree, the accepted path): what streamers and the trace
             page are fed from, as soon as a round commits rather than at the end.
