@@ -217,7 +217,9 @@ def measure(kv: Any, sizes: Sequence[int], lazy_head: bool, reps: int = 3,
     from .tree import TreeBuilder
     from .verify import tree_forward
 
-    tick = clock or _sync_clock(kv.device)
+    from .devices import sync_clock
+
+    tick = clock or sync_clock(kv.device)
     kv.prefill([0] * CONTEXT)
     times: dict[int, list[float]] = {n: [] for n in sizes}
 
@@ -250,14 +252,6 @@ def _empty(kv: Any) -> None:
     else:
         kv.compact(0, [])
 
-
-def _sync_clock(device: torch.device) -> Callable[[], float]:
-    def tick() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    return tick
 
 
 def profile_for(kv: Any, model: torch.nn.Module, engine: str, compile: bool | str, lazy_head: bool,

@@ -11,7 +11,6 @@ child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from os import PathLike
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 from . import distributed
 from .cache import KVModel
 from .draft import Drafter, FeatureDrafter
+from .devices import sync_clock
 from .engines import cached_pair, eval_mode, notice, vocab_size
 from .feature_draft import uses_target_features
 from .errors import DynaTreeError
@@ -215,7 +215,7 @@ def _decode(
     sync: "distributed.RankSync | None" = None,
     on_round: Callable[[RoundEvent], None] | None = None,
 ) -> GenerationResult:
-    clock = _Clock(target.device)
+    clock = sync_clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
     policy.reset()
     start = clock()
@@ -402,14 +402,3 @@ def _eos_set(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) 
         return {eos_token_id}
     return {int(t) for t in eos_token_id}
 
-
-class _Clock:
-    """Wall clock that waits for queued GPU work, so per-phase times are real."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def __call__(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()

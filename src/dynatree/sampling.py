@@ -23,15 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .errors import DynaTreeError
+from .errors import check
 
 DRAFT_TEMPERATURE = 0.6  # DySpec's draft temperature for every target temperature (DySpec §6)
-
-
-def _require(ok: bool, name: str, allowed: str, value: Any) -> None:
-    """One-line error naming the argument, its allowed range and the bad value."""
-    if not ok:
-        raise DynaTreeError(f"invalid {name}={value!r}: must be {allowed}")
 
 
 def _is_number(x: Any) -> bool:
@@ -55,13 +49,13 @@ class SamplingConfig:
     draft_temperature: float = DRAFT_TEMPERATURE
 
     def __post_init__(self) -> None:
-        _require(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0 (0 = greedy)", self.temperature)
-        _require(
+        check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0 (0 = greedy)", self.temperature)
+        check(
             self.top_k is None or (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0),
             "top_k", "None or an integer >= 0 (0 = off)", self.top_k,
         )
-        _require(self.top_p is None or (_is_number(self.top_p) and 0 < self.top_p <= 1), "top_p", "None or a number in (0, 1]", self.top_p)
-        _require(
+        check(self.top_p is None or (_is_number(self.top_p) and 0 < self.top_p <= 1), "top_p", "None or a number in (0, 1]", self.top_p)
+        check(
             _is_number(self.draft_temperature) and self.draft_temperature >= 0,
             "draft_temperature", "a finite number >= 0", self.draft_temperature,
         )
@@ -77,14 +71,14 @@ def make_generator(seed: int | None, generator: torch.Generator | None) -> torch
     Falling back to the global CPU generator means ``torch.manual_seed(s)`` before ``generate``
     reproduces a run, as with HF ``generate``.
     """
-    _require(
+    check(
         seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64),
         "seed", "None or an integer in [0, 2**64)", seed,
     )
     if generator is not None:
-        _require(isinstance(generator, torch.Generator) and generator.device.type == "cpu",
+        check(isinstance(generator, torch.Generator) and generator.device.type == "cpu",
                  "generator", "None or a CPU torch.Generator", generator)
-        _require(seed is None, "seed", "None when generator= is given (seed the generator instead)", seed)
+        check(seed is None, "seed", "None when generator= is given (seed the generator instead)", seed)
         return generator
     if seed is not None:
         return torch.Generator().manual_seed(seed)

@@ -186,10 +186,6 @@ def summarize(rows: Iterable[Row]) -> list[Summary]:
     return out
 
 
-def total_mismatches(rows: Iterable[Row]) -> int:
-    return sum(1 for r in rows if r.get("greedy_match") is False)
-
-
 def cost_profiles(rows: Iterable[Row]) -> dict[str, dict[str, Any]]:
     """The verify-cost profile recorded per label (the first row that has one)."""
     out: dict[str, dict[str, Any]] = {}

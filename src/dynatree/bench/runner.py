@@ -26,18 +26,19 @@ interrupted run resumes where it stopped (rows are keyed, see ``store.row_key``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..devices import sync_clock
 from ..engine import generate
 from ..engines import precompile
 from ..errors import DynaTreeError
@@ -221,7 +222,7 @@ def run_hf_assisted(
     settings: BenchSettings, max_new_tokens: int,
 ) -> Measurement:
     device = next(target.parameters()).device
-    clock = _clock(device)
+    clock = sync_clock(device)
     streamer = _TimingStreamer(clock)
     ids = torch.tensor([prompt.ids], device=device)
     eos = _eos(settings)
@@ -264,15 +265,6 @@ def _engine_record(options: EngineOptions) -> dict[str, Any]:
 
 def _eos(settings: BenchSettings) -> int | tuple[int, ...] | None:
     return settings.eos_token_id
-
-
-def _clock(device: torch.device) -> Callable[[], float]:
-    if device.type == "cuda":
-        def tick() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-        return tick
-    return time.perf_counter
 
 
 # ------------------------------------------------------------------------------------ the bench

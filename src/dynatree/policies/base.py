@@ -19,12 +19,6 @@ from ..errors import DynaTreeError
 from ..tree import TreeBuilder
 
 
-def check(ok: bool, field: str, allowed: str, value: Any) -> None:
-    """Raise a one-line error naming the config field, its allowed range and the bad value."""
-    if not ok:
-        raise DynaTreeError(f"invalid {field}={value!r}: must be {allowed}")
-
-
 @dataclasses.dataclass(frozen=True)
 class RoundFeedback:
     """What a policy may learn from a finished round (for history adaptation)."""

@@ -35,7 +35,8 @@ import torch
 from ..costmodel import CostProfile, choose_budget
 from ..draft import Drafter
 from ..tree import TreeBuilder
-from .base import DraftPolicy, RoundFeedback, add_top_children, check
+from ..errors import check
+from .base import DraftPolicy, RoundFeedback, add_top_children
 
 
 @dataclass(frozen=True)

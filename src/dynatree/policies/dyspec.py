@@ -48,7 +48,8 @@ import torch
 from ..draft import Drafter
 from ..sampling import DraftSampler, without
 from ..tree import TreeBuilder
-from .base import DraftPolicy, check
+from ..errors import check
+from .base import DraftPolicy
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import torch
 from ..draft import Drafter
 from ..sampling import without
 from ..tree import TreeBuilder
-from .base import check
+from ..errors import check
 from .dyspec import SampledTreePolicy
 
 

@@ -19,7 +19,8 @@ import torch
 
 from ..draft import Drafter
 from ..tree import TreeBuilder
-from .base import DraftPolicy, add_top_children, check
+from ..errors import check
+from .base import DraftPolicy, add_top_children
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import torch
 
 from ..draft import Drafter
 from ..tree import TreeBuilder
-from .base import DraftPolicy, check
+from ..errors import check
+from .base import DraftPolicy
 
 
 @dataclass(frozen=True)
