@@ -16,6 +16,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from dynatree.bench import datasets as prompt_sets
+from dynatree.corpora import LICENCES_DIR
+from dynatree.prose import pydoc_runs
 from dynatree.bench.datasets import cut_to_tokens, load_prompt_ids, load_prompts
 from dynatree.errors import DynaTreeError
 
@@ -102,7 +104,7 @@ def test_pydoc_cleaning_keeps_only_prose() -> None:
         "See also **PEP 614** which is prose as well and it has quite enough words to stay in a run [5].",
         "x = {a: b for a, b in c} if d[e] else f | g & h ^ i if j == k else l[m] and n.",
     ])
-    runs = prompt_sets._clean_pydoc_topic(topic)
+    runs = pydoc_runs(topic)
     assert runs == [
         [prose, prose.replace("kept", "joined across lines")],
         ["See also PEP 614 which is prose as well and it has quite enough words to stay in a run."],
@@ -126,7 +128,7 @@ def test_missing_licenses_dir_is_a_clear_error(tmp_path: Path) -> None:
         prompt_sets.license_documents(tmp_path / "absent")
 
 
-@pytest.mark.skipif(not prompt_sets.LICENSES_DIR.is_dir(), reason="no /usr/share/common-licenses here")
+@pytest.mark.skipif(not LICENCES_DIR.is_dir(), reason="no /usr/share/common-licenses here")
 def test_license_prompts(tokenizer: PreTrainedTokenizerFast) -> None:
     prompts = load_prompts("licenses", tokenizer, 12, 64, seed=0)
     assert len(set(prompts)) == 12 and all(0 < n_tokens(tokenizer, p) <= 64 for p in prompts)

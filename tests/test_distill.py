@@ -16,6 +16,7 @@ from dynatree import distill as D
 from dynatree import distill_data as DD
 from dynatree import distilled as R
 from dynatree.errors import DynaTreeError
+from dynatree.prose import training_paragraphs
 
 VOCAB = 260
 EOS = 256
@@ -221,7 +222,7 @@ def test_prose_cleaning_drops_code_and_grammar() -> None:
     text = ("Heading\n*******\n\nThis paragraph explains what the statement does and why it "
             "matters to the reader of the documentation.\n\n   x = 1\n   y = 2\n\n"
             "stmt ::= expr \"=\" expr and a long enough line to pass the length filter here")
-    assert DD._prose_paragraphs(text) == [
+    assert training_paragraphs(text) == [
         "This paragraph explains what the statement does and why it matters to the reader of "
         "the documentation."]
 

@@ -30,6 +30,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from tiny import tiny_model
 
 from dynatree import gguf, models
+from dynatree.catalog import FEATURE_DRAFT
 from dynatree.gguf import gguf_cache_path
 from dynatree.errors import DynaTreeError
 from dynatree.models import (
@@ -367,7 +368,7 @@ def test_resolve_draft_specs(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_draft(DEFAULT_DRAFT, target)
     without_loader.load_distilled_draft = lambda model, folder: ("distilled for", model, folder.name)
     assert resolve_draft(DEFAULT_DRAFT, target) == ("distilled for", target, "smollm2-135m-distilled")
-    assert resolve_draft(models.FEATURE_DRAFT, target) == ("distilled for", target, "smollm2-135m-feature")
+    assert resolve_draft(FEATURE_DRAFT, target) == ("distilled for", target, "smollm2-135m-feature")
 
 
 # ----------------------------------------------------------------------------- compatibility

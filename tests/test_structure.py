@@ -82,10 +82,29 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     assert cycle(module_imports(pkg)) is None
 
 
-@pytest.mark.parametrize("module", ["dynatree.cli", "dynatree", "dynatree.options"])
+@pytest.mark.parametrize("module", ["dynatree.cli", "dynatree", "dynatree.options", "dynatree.catalog"])
 def test_the_cli_loads_without_torch_or_transformers(module: str) -> None:
     code = (f"import sys, {module}; heavy = [m for m in ('torch', 'transformers') if m in sys.modules]; "
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(SRC), "PATH": ""})
     assert out.stdout.strip() == "", f"importing {module} pulled in {out.stdout.strip()}"
+
+
+def test_the_cli_reads_its_names_and_defaults_from_the_catalog() -> None:
+    """`dynatree list` shows every preset and prompt set with its description; the CLI's draft
+    temperature default is the library's (one constant, not a copy)."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from dynatree.catalog import PRESETS, PROMPT_SETS
+    from dynatree.cli import app
+    from dynatree.sampling import SamplingConfig
+
+    result = CliRunner().invoke(app, ["list"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    for name, entry in (*PRESETS.items(), *PROMPT_SETS.items()):
+        assert name in result.output and entry.description in result.output, name
+    params = {p.name: p for p in typer.main.get_command(app).commands["generate"].params}
+    assert params["draft_temperature"].default == SamplingConfig().draft_temperature
+    assert params["target"].default in PRESETS

@@ -472,13 +472,14 @@ def e2e_models(plan: Plan, gguf: str | None, draft: str
         return target.to(plan.dtype), dmodel.to(plan.dtype), prompts, "tiny-llama", "tiny-llama-perturbed"
     from dynatree import models
     from dynatree.bench.datasets import load_prompt_ids
+    from dynatree.corpora import LICENCES_DIR
     from dynatree.errors import DynaTreeError
 
     if gguf is None:
         raise DynaTreeError("e2e needs --gguf PATH (the SmolLM2-135M-Instruct GGUF; see benchmarks/gpu/README.md)")
     target, tok = models.load_gguf(Path(gguf), dtype=plan.dtype, device=plan.device)
     dmodel = models.resolve_draft(draft, target, dtype=plan.dtype, device=plan.device)
-    dataset = "licenses" if Path("/usr/share/common-licenses").is_dir() else "pydoc"
+    dataset = "licenses" if LICENCES_DIR.is_dir() else "pydoc"
     prompts = load_prompt_ids(dataset, tok, plan.e2e_prompts, plan.e2e_prompt_tokens)
     return target, dmodel, prompts, f"smollm2-135m ({Path(gguf).name})", draft
 

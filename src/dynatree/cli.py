@@ -13,7 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from .cli_common import TP_HELP, engine_flags, friendly_errors, parse_options, set_threads
-from .distill_config import DEFAULT_TARGET, DistillConfig
+from .catalog import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_TEMPERATURE, PRESETS, PROMPT_SETS
+from .distill_config import DistillConfig
 from .errors import DynaTreeError
 from .options import EngineOptions
 
@@ -37,7 +38,7 @@ def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str
     tmodel, tok = models.load_model(target, dtype=dtype, device=device)
     dmodel = None
     if uses_draft:
-        dmodel = models.resolve_draft(models.DEFAULT_DRAFT if draft == "default" else draft, tmodel, dtype=dtype,
+        dmodel = models.resolve_draft(DEFAULT_DRAFT if draft == "default" else draft, tmodel, dtype=dtype,
                                       device=device, tokenizer=tok, allow_vocab_mismatch=allow_vocab_mismatch)
     return tmodel, dmodel, tok
 
@@ -48,8 +49,8 @@ def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str
 def generate(
     options: EngineOptions,
     prompt: Annotated[str, typer.Option(help="Prompt text.")] = DEFAULT_PROMPT,
-    target: Annotated[str, typer.Option(help="Target model: preset name, HF id or local path.")] = "smollm2-135m",
-    draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
+    target: Annotated[str, typer.Option(help="Target model: a preset (`dynatree list` shows them), an HF id or a local path.")] = DEFAULT_TARGET,
+    draft: Annotated[str, typer.Option(help=f"Draft model: 'default' ({DEFAULT_DRAFT}), a preset, an HF id, a local path, or early-exit:K.")] = "default",
     strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable), e.g. -o k=5.")] = None,
@@ -62,7 +63,7 @@ def generate(
     top_k: Annotated[int | None, typer.Option(help="Top-k on the target distribution (sampling only).")] = None,
     top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
-    draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = 0.6,
+    draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = DRAFT_TEMPERATURE,
     compare: Annotated[bool, typer.Option("--compare", help="Also run autoregressive decoding on the same prompt and print both speeds and the speedup.")] = False,
     tp: Annotated[bool, typer.Option("--tp", help=TP_HELP)] = False,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template (instruct models); print only the reply.")] = False,
@@ -200,6 +201,26 @@ def chat_command(
         typer.echo("bot> ", nl=False)
         result = session.turn(text)
         typer.secho(status_line(result.stats), fg=typer.colors.CYAN, dim=True)
+
+
+@app.command("list")
+def list_command() -> None:
+    """The model presets (--target, --draft) and prompt sets (dynatree bench --dataset), one line each."""
+    from rich.console import Console
+    from rich.table import Table
+
+    defaults = {DEFAULT_TARGET: "default target", DEFAULT_DRAFT: "default draft"}
+    presets = Table("preset", "kind", "description", title="Model presets (--target, --draft)")
+    for name, preset in PRESETS.items():
+        mark = f" ({defaults[name]})" if name in defaults else ""
+        presets.add_row(name + mark, preset.kind, preset.description)
+    sets = Table("prompt set", "paper's prompt cap", "description", title="Prompt sets (dynatree bench --dataset)")
+    for name, info in PROMPT_SETS.items():
+        sets.add_row(name, str(info.paper_max_prompt_tokens or "-"), info.description)
+    console = Console()
+    console.print(presets)
+    console.print(sets)
+    console.print("Anything else: an HF hub id (org/name) or a local path; a prompt set may also be a .txt/.jsonl file.")
 
 
 @app.command("distill")

@@ -1,8 +1,10 @@
-"""Long-form English text that any machine with a package registry can fetch: no hub needed.
+"""The text sources of the bench prompt sets and of draft distillation, all without the HF hub.
 
-Two corpora, each a list of :class:`Text` documents with a stable ``name`` that decides the
-train/held-out split (:func:`is_held_out`), shared by the bench prompt sets (``wiki-offline``,
-``books-offline``) and by draft distillation, so a held-out document never reaches training:
+Every text source of the bench prompt sets and of draft distillation is a list of :class:`Text`
+documents with a stable ``name`` that decides the train/held-out split (:func:`is_held_out`), so a
+held-out document never reaches training; :mod:`dynatree.prose` decides which paragraphs each job
+keeps. Two sources are on every machine: the Python language reference (:func:`pydoc_texts`) and
+Debian's licence texts (:func:`licence_texts`). Two are fetched from package registries:
 
 * ``wiki`` — 106 English Wikipedia articles (Anarchism, Autism, Alabama, Abraham Lincoln,
   Aristotle, ...) from a 2017 dump that PyPI's ``gensim`` 4.4.0 wheel carries as test data. Wiki
@@ -202,6 +204,31 @@ def fetch(key: str, root: Path | None = None,
         (dest.parent / "provenance.json").write_text(json.dumps(record, indent=1))
         part.replace(dest)
     return dest
+
+
+# ---------------------------------------------------------------------------- on every machine
+LICENCES_DIR = Path("/usr/share/common-licenses")
+
+
+def pydoc_texts() -> list[Text]:
+    """The raw topics of the Python language reference shipped inside CPython (``pydoc_data``, the
+    text ``help()`` shows), in its own order; :mod:`dynatree.prose` keeps their prose."""
+    from pydoc_data.topics import topics
+
+    return [Text(f"pydoc/{name}", text) for name, text in topics.items()]
+
+
+def licence_texts(directory: Path = LICENCES_DIR) -> list[Text]:
+    """Each distinct licence file of ``directory`` (Debian's common-licenses) once, named
+    ``licence/<file>``: a symlink such as GPL -> GPL-3 is read through its target, in the order of
+    the first name that reaches it. No folder (non-Debian systems) means no documents."""
+    seen: dict[Path, Text] = {}
+    if directory.is_dir():
+        for path in sorted(directory.iterdir()):
+            real = path.resolve()
+            if real not in seen and real.is_file():
+                seen[real] = Text(f"licence/{real.name}", real.read_text(encoding="utf-8", errors="replace"))
+    return list(seen.values())
 
 
 # ---------------------------------------------------------------------------- wiki

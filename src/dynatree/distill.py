@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from .corpora import Text
-from .distill_config import DEFAULT_TARGET, DistillConfig
+from .catalog import DEFAULT_TARGET
+from .distill_config import DistillConfig
 from .distill_data import LabelledData, Tokenizer, _atomic_save, _progress, choose_vocab_subset, labelled_data
 from .distilled import DistilledDraft, DraftConfig, _atomic, save_draft
 from .errors import DynaTreeError

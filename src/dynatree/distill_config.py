@@ -7,7 +7,6 @@ from typing import Any
 
 from .errors import DynaTreeError
 
-DEFAULT_TARGET = "smollm2-135m"
 CORPUS_NAMES = ("pydoc", "licences", "wiki", "books")
 
 

@@ -7,11 +7,8 @@ resumable through partial files and its result is cached in ``data.pt`` per data
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 import random
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -21,7 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from . import corpora
+from . import corpora, prose
 from .corpora import Text, is_held_out
 from .distill_config import DistillConfig
 from .distilled import TargetFingerprint, _atomic
@@ -39,28 +36,6 @@ CHAT_INSTRUCTIONS = (
 
 
 # ---------------------------------------------------------------------------------- the corpus
-_GRAMMAR = re.compile(r"::=|^\s*[|]|>>>|^\s*\.\.\.")
-
-
-def _prose_paragraphs(text: str) -> list[str]:
-    """Keep prose: no indented code or grammar blocks, no headings, mostly letters."""
-    keep = []
-    for block in re.split(r"\n\s*\n", text):
-        lines = block.split("\n")
-        first = lines[0]
-        if first.startswith("   ") or any(_GRAMMAR.search(line) for line in lines):
-            continue
-        if re.fullmatch(r"[*=\-~^\s]+", lines[-1]):  # underlined heading
-            continue
-        para = " ".join(line.strip() for line in lines)
-        para = re.sub(r"^\* ", "", para)
-        para = re.sub(r"\*([^*\s][^*]*)\*", r"\1", para)
-        letters = sum(ch.isalpha() or ch == " " for ch in para)
-        if len(para) >= 80 and letters >= 0.8 * len(para):
-            keep.append(para)
-    return keep
-
-
 _LOCAL_PREFIX = {"pydoc": "pydoc", "licences": "licence"}  # document-name prefix of offline_corpus()
 
 
@@ -76,31 +51,14 @@ def documents_for(names: str) -> list[Text]:
     return docs
 
 
-def offline_corpus(licence_dir: str = "/usr/share/common-licenses") -> list[Text]:
-    """Prose available on any machine without a network: pydoc topics and Debian licences.
-
-    ``pydoc_data.topics`` is cleaned to prose paragraphs (raw, the target loops on grammar
-    fragments); licence files are deduplicated through their symlinks. A missing licence folder
-    (non-Debian systems) just means fewer documents.
-    """
-    import pydoc_data.topics as topics
-
-    docs = []
-    for name in sorted(topics.topics):
-        paras = _prose_paragraphs(topics.topics[name])
-        if paras:
-            docs.append(Text(f"pydoc/{name}", "\n\n".join(paras)))
-    seen: set[str] = set()
-    for path in sorted(glob.glob(os.path.join(licence_dir, "*"))):
-        real = os.path.realpath(path)
-        if real in seen or not os.path.isfile(real):
-            continue
-        seen.add(real)
-        with open(real, encoding="utf-8", errors="replace") as fh:
-            paras = [re.sub(r"\s+", " ", p).strip() for p in re.split(r"\n\s*\n", fh.read())]
-        paras = [p for p in paras if len(p) >= 40]
-        docs.append(Text(f"licence/{os.path.basename(real)}", "\n\n".join(paras)))
-    return docs
+def offline_corpus(licence_dir: str | Path = corpora.LICENCES_DIR) -> list[Text]:
+    """Prose available on any machine without a network: pydoc topics (by name) and Debian licences,
+    kept by the training filter of :mod:`dynatree.prose`. Without the licence folder (non-Debian
+    systems) there are just fewer documents."""
+    pydoc = sorted(corpora.pydoc_texts(), key=lambda t: t.name)
+    docs = [Text(t.name, "\n\n".join(paras)) for t in pydoc if (paras := prose.training_paragraphs(t.text))]
+    return docs + [Text(t.name, "\n\n".join(prose.licence_paragraphs(t.text)))
+                   for t in corpora.licence_texts(Path(licence_dir))]
 
 
 class Tokenizer(Protocol):
@@ -112,7 +70,7 @@ class Tokenizer(Protocol):
 
 
 @dataclass
-class PromptSet:
+class PromptWindows:
     """Equal-length prompts, so target generation needs no padding: ``[n, prompt_tokens]``."""
 
     train: torch.Tensor
@@ -133,7 +91,7 @@ def _chat_wrapper(tokenizer: Any, instruction: str) -> tuple[list[int], list[int
 
 
 def build_prompts(tokenizer: Tokenizer, documents: Sequence[Text], cfg: DistillConfig
-                  ) -> PromptSet:
+                  ) -> PromptWindows:
     """Cut documents into prompt windows of exactly ``prompt_tokens`` tokens.
 
     Raw prompts are a prose window; chat prompts are a shorter prose window inside the chat
@@ -173,7 +131,7 @@ def build_prompts(tokenizer: Tokenizer, documents: Sequence[Text], cfg: DistillC
 
     train, train_chat = take(False, cfg.train_sequences)
     evals, eval_chat = take(True, cfg.eval_sequences)
-    return PromptSet(train, evals, train_chat, eval_chat)
+    return PromptWindows(train, evals, train_chat, eval_chat)
 
 
 # -------------------------------------------------------------------------------- target labels

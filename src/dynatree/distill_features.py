@@ -35,7 +35,8 @@ from .distill import (CHECKPOINT_FILE, LOG_FILE, Agreement, _draft_config, _lr_a
                       end_step, save_checkpoint, save_final, start_training)
 from .distill_data import LabelledData, Tokenizer, _atomic_save, _progress, labelled_data
 from .corpora import Text
-from .distill_config import DEFAULT_TARGET, DistillConfig
+from .catalog import DEFAULT_TARGET
+from .distill_config import DistillConfig
 from .distilled import TargetFingerprint
 from .errors import DynaTreeError
 from .feature_draft import FeatureDraft

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from . import catalog
 from .errors import DynaTreeError
 
 
@@ -214,9 +215,9 @@ def load_tp_pair(target: str, draft: str, needs_draft: bool, dtype: torch.dtype,
     tmodel, tok = load_tp_target(target, dtype)
     if not needs_draft:
         return tmodel, None, tok, None
-    spec = models.DEFAULT_DRAFT if draft == "default" else draft
+    spec = catalog.DEFAULT_DRAFT if draft == "default" else draft
     device = tmodel.device
-    if spec in models.SHIPPED_DRAFTS or spec.startswith(models.EARLY_EXIT_PREFIX):
+    if spec in catalog.SHIPPED_DRAFTS or spec.startswith(catalog.EARLY_EXIT_PREFIX):
         full, _ = models.load_model(target, dtype=dtype, device=device)
         return tmodel, models.resolve_draft(spec, full), tok, spec
     dmodel = models.resolve_draft(spec, tmodel, dtype=dtype, device=device, tokenizer=tok,

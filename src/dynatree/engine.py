@@ -21,12 +21,14 @@ from . import distributed
 from .cache import KVModel
 from .draft import Drafter, FeatureDrafter
 from .devices import sync_clock
-from .engines import cached_pair, eval_mode, notice, vocab_size
+from .engines import cached_pair, eval_mode, notice
+from .models import vocab_size
 from .feature_draft import uses_target_features
 from .errors import DynaTreeError
 from .options import EngineOptions
 from .policies import DraftPolicy, RoundFeedback, make_policy
-from .sampling import DRAFT_TEMPERATURE, DraftSampler, SamplesDraft, SamplingConfig, make_generator
+from .catalog import DRAFT_TEMPERATURE
+from .sampling import DraftSampler, SamplesDraft, SamplingConfig, make_generator
 from .stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
 from .streaming import StreamingConfig, StreamingKV, find_rope
 from .tree import TreeBuilder
@@ -133,7 +135,7 @@ def generate(
     if sync is not None:
         sync.share_generator(rng)
     if isinstance(policy, SamplesDraft):
-        policy.use_sampler(DraftSampler(rng, draft_temperature))
+        policy.use_sampler(DraftSampler(rng, sampling.draft_temperature))  # validated above
     prompt = _check_prompt(input_ids, target)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -351,7 +353,7 @@ def _check_prompt(input_ids: torch.Tensor | Sequence[int], target: torch.nn.Modu
 
 
 def _check_vocab(target: torch.nn.Module, draft: torch.nn.Module, allow: bool) -> None:
-    vt, vd = int(target.config.vocab_size), int(draft.config.vocab_size)
+    vt, vd = vocab_size(target), vocab_size(draft)
     if vt != vd and not allow:
         raise DynaTreeError(
             f"draft vocabulary ({vd} tokens) differs from the target's ({vt}); the models must share a "

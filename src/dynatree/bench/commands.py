@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..catalog import DEFAULT_DRAFT, PROMPT_SETS
 from ..cli_common import TP_HELP, dataclass_flags, engine_flags, friendly_errors, set_threads
 from ..errors import DynaTreeError
 from ..options import EngineOptions
@@ -28,7 +29,7 @@ DEFAULT_STRATEGIES = "autoregressive,linear,fixed,dynatree,dyspec,hf-assisted"
 STRATEGY_HELP = (
     "Comma-separated specs NAME:key=value:...@LABEL (options and label optional), e.g. \"linear:k=8,fixed:depth=8:branch=3,dynatree\". "
     "Names: autoregressive, linear, fixed, dynatree, dyspec, dyspec-threshold, hf-assisted, hf-generate (HF's "
-    "plain greedy generate, no draft); presets: seeds, "
+    "plain greedy generate, no draft); presets: paper, "
     "ablation. The same name may appear twice with different options. autoregressive is always run first. "
     "engine=hf|static and compile=true|false override --engine/--compile for one spec, e.g. "
     "\"autoregressive,autoregressive:engine=static:compile=true@ar-compiled,dynatree,dynatree:engine=static:compile=true@dt-compiled\" "
@@ -39,6 +40,10 @@ STRATEGY_HELP = (
 Opt = typer.Option
 
 
+_PAPER_CAPS = ", ".join(f"{cap} for " + "/".join(n for n, i in PROMPT_SETS.items() if i.paper_max_prompt_tokens == cap)
+                        for cap in sorted({i.paper_max_prompt_tokens for i in PROMPT_SETS.values()} - {None}))
+
+
 @dataclass(frozen=True)
 class RunArgs:
     """What bench and sweep both take besides the strategies and the engine (models, prompts, the
@@ -47,10 +52,10 @@ class RunArgs:
 
     target: Annotated[str, Opt(help="Target model: preset, HF id or local path.")] = "smollm2-135m"
     draft: Annotated[str, Opt(help="Draft: preset, HF id, local path, early-exit:K, or 'default'.")] = "default"
-    dataset: Annotated[str, Opt(help="Prompt set: pydoc, licenses, wiki-offline, books-offline, wikitext2, pg19, "
+    dataset: Annotated[str, Opt(help=f"Prompt set: {', '.join(PROMPT_SETS)} (see `dynatree list`), "
                                      "or a .txt/.jsonl path.")] = "pydoc"
     num_prompts: Annotated[int, Opt(help="Measured prompts (warm-up runs come on top).")] = 10
-    max_prompt_tokens: Annotated[int, Opt(help="Prompt length cap in tokens (seeds: 800 WikiText-2, 1000 PG-19).")] = 256
+    max_prompt_tokens: Annotated[int, Opt(help="Prompt length cap in tokens (the DynaTree paper's caps: " + _PAPER_CAPS + ").")] = 256
     max_new_tokens: Annotated[int, Opt(help="Tokens to generate per prompt (T).")] = 128
     warmup: Annotated[int, Opt(help="Unrecorded warm-up passes of every strategy before measuring.")] = 2
     warmup_tokens: Annotated[int, Opt(help="Tokens per warm-up run (capped at --max-new-tokens).")] = 32
@@ -71,7 +76,7 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
     tmodel, tokenizer = models.load_model(target, dtype=torch_dtype, device=device)
     if not needs_draft:
         return tmodel, None, tokenizer, None
-    draft_name = models.DEFAULT_DRAFT if draft == "default" else draft
+    draft_name = DEFAULT_DRAFT if draft == "default" else draft
     dmodel = models.resolve_draft(draft_name, tmodel, dtype=torch_dtype, device=device, tokenizer=tokenizer)
     return tmodel, dmodel, tokenizer, draft_name
 
@@ -273,7 +278,7 @@ def report(
     results: Annotated[Path, typer.Argument(help="Results JSONL from bench/sweep (several runs may share a file).")],
     out: Annotated[Path, typer.Option("--out", help="Directory for report.md and the PNG figures.")] = Path("report"),
 ) -> None:
-    """Turn results JSONL into markdown tables (shaped like the seeds') and PNG plots."""
+    """Turn results JSONL into markdown tables (shaped like the papers') and PNG plots."""
     from .report import build_report
 
     rep = build_report(results, out)

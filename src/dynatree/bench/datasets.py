@@ -6,15 +6,15 @@ Provenance of each set:
   text ``help()`` shows). Always available. Raw topics mix prose with grammar productions
   (``if_stmt ::= ...``), code examples and headings; prompts built from those make a small model
   loop on grammar fragments, so only prose paragraphs are kept: unindented paragraphs that end a
-  sentence, have at least :data:`MIN_WORDS` words and few code symbols.
+  sentence, have at least :data:`dynatree.prose.MIN_WORDS` words and few code symbols.
 * ``licenses`` — the licence texts Debian ships in ``/usr/share/common-licenses`` (GPL, Apache,
   MPL, ...), deduplicated where one name links to another. Clean legal prose with natural
   continuations. Only on Debian-like systems.
 * ``wikitext2`` — WikiText-2 (raw), test split, from the Hugging Face hub (``Salesforce/wikitext``)
-  through the ``datasets`` package; Wikipedia articles. The seeds cap these prompts at 800 tokens.
+  through the ``datasets`` package; Wikipedia articles. The DynaTree paper caps these prompts at 800 tokens.
 * ``pg19`` — PG-19 test split (Project Gutenberg books published before 1919), the parquet copy
   ``emozilla/pg19-test`` of DeepMind's set (whose loading script current ``datasets`` no longer
-  runs). The seeds cap these prompts at 1000 tokens.
+  runs). The DynaTree paper caps these prompts at 1000 tokens.
 * ``wiki-offline`` — the held-out articles of the offline Wikipedia corpus (106 articles of a 2017
   English Wikipedia dump shipped as test data in PyPI's ``gensim`` wheel; CC BY-SA 3.0,
   Wikipedia contributors), a WikiText-2 stand-in that needs no hub. See :mod:`dynatree.corpora`.
@@ -42,122 +42,27 @@ import json
 import random
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from dynatree import corpora, prose
+from dynatree.catalog import PROMPT_SETS
 from dynatree.errors import DynaTreeError
 
-MIN_WORDS = 20  # shorter paragraphs are headings, captions or fragments, not prose
-MAX_SYMBOL_FRACTION = 0.02  # more code symbols than this marks a paragraph as code-like
-
-LICENSES_DIR = Path("/usr/share/common-licenses")
-
-# A run is a list of consecutive clean paragraphs; a document is a list of runs.
-Run = list[str]
-Document = list[Run]
-
-
-@dataclass(frozen=True)
-class PromptSet:
-    """A named prompt set: a line for ``--help`` and the prompt cap the seeds used, if any."""
-
-    description: str
-    seed_max_prompt_tokens: int | None = None
-
-
-PROMPT_SETS: dict[str, PromptSet] = {
-    "pydoc": PromptSet("prose paragraphs of the Python language reference (pydoc_data), always offline"),
-    "licenses": PromptSet("licence texts from /usr/share/common-licenses (Debian), offline"),
-    "wikitext2": PromptSet("WikiText-2 raw test split (needs `datasets` and the HF hub)", 800),
-    "pg19": PromptSet("PG-19 test split, Project Gutenberg books (needs `datasets` and the HF hub)", 1000),
-    "wiki-offline": PromptSet("held-out English Wikipedia articles (fetched once from PyPI's gensim wheel)", 800),
-    "books-offline": PromptSet("held-out chapters of Austen's novels and Moby Dick (fetched once from Debian)", 1000),
-}
-
-_SYMBOLS = set("=<>{}[]|\\_*#@$%^~`")
-_SENTENCE_END = re.compile(r"[.!?][\"'\u2019\u201d)]*$")
-_FOOTNOTE = re.compile(r"\s*\[\d+\]")
-_UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
-_BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")  # pydoc's **PEP 614**; a bare "**" operator stays
-
-
-def _paragraphs(text: str) -> list[str]:
-    """Blocks of text separated by blank lines, with their line breaks kept."""
-    return [block for block in re.split(r"\n[ \t]*\n", text) if block.strip()]
-
-
-def _join_lines(block: str) -> str:
-    """One line with single spaces: hard wraps and double spaces after full stops are layout, not text."""
-    return " ".join(block.split())
-
-
-def _is_prose(paragraph: str) -> bool:
-    """A complete, word-rich paragraph without code symbols: something a model continues as prose."""
-    if "::=" in paragraph or ">>>" in paragraph:
-        return False
-    if len(paragraph.split()) < MIN_WORDS or not _SENTENCE_END.search(paragraph):
-        return False
-    symbols = sum(char in _SYMBOLS for char in paragraph)
-    return symbols <= MAX_SYMBOL_FRACTION * len(paragraph)
-
-
-def _runs(blocks: Iterable[str | None]) -> Document:
-    """Group consecutive kept paragraphs into runs; ``None`` marks a dropped paragraph (a break)."""
-    document: Document = []
-    current: Run = []
-    for block in blocks:
-        if block is None:
-            if current:
-                document.append(current)
-            current = []
-        else:
-            current.append(block)
-    if current:
-        document.append(current)
-    return document
-
-
-def _clean_pydoc_topic(text: str) -> Document:
-    """Prose runs of one pydoc topic: drops indented blocks (code, grammar), headings, fragments."""
-
-    def clean(block: str) -> str | None:
-        lines = block.splitlines()
-        if lines[0][:1].isspace() or any(_UNDERLINE.match(line.strip()) for line in lines):
-            return None
-        paragraph = _BOLD.sub(r"\1", _FOOTNOTE.sub("", _join_lines(block)))
-        return paragraph if _is_prose(paragraph) else None
-
-    return _runs(clean(block) for block in _paragraphs(text))
-
-
-def _clean_prose(text: str) -> Document:
-    """Prose runs of plain text whose paragraphs may be indented (licences, books)."""
-
-    def clean(block: str) -> str | None:
-        paragraph = _join_lines(block)
-        return paragraph if _is_prose(paragraph) else None
-
-    return _runs(clean(block) for block in _paragraphs(text))
-
-
-def pydoc_documents() -> list[Document]:
+def pydoc_documents() -> list[prose.Document]:
     """One document per pydoc topic, in the topic order of ``pydoc_data.topics``."""
-    from pydoc_data.topics import topics
-
-    return [document for document in map(_clean_pydoc_topic, topics.values()) if document]
+    return [document for document in (prose.pydoc_runs(t.text) for t in corpora.pydoc_texts()) if document]
 
 
-def license_documents(directory: Path = LICENSES_DIR) -> list[Document]:
-    """One document per distinct licence file (symlinks like GPL -> GPL-3 are read once)."""
+def license_documents(directory: Path = corpora.LICENCES_DIR) -> list[prose.Document]:
+    """One document per distinct licence file (symlinks like GPL -> GPL-3 are read once), by file name."""
     if not directory.is_dir():
         raise DynaTreeError(
             f"the 'licenses' prompt set needs {directory} (Debian's common-licenses); use --dataset pydoc"
         )
-    files = sorted({path.resolve() for path in directory.iterdir() if path.is_file()})
-    documents = [_clean_prose(path.read_text(encoding="utf-8", errors="replace")) for path in files]
-    return [document for document in documents if document]
+    texts = sorted(corpora.licence_texts(directory), key=lambda t: t.name)
+    return [document for document in (prose.prose_runs(t.text) for t in texts) if document]
 
 
 def _load_hub_dataset(name: str, *args: str, split: str):  # returns datasets.Dataset
@@ -185,7 +90,7 @@ def _detokenize_wikitext(line: str) -> str:
     return re.sub(r" ([.,;:!?)])", r"\1", re.sub(r"\( ", "(", line)).strip()
 
 
-def wikitext2_documents() -> list[Document]:
+def wikitext2_documents() -> list[prose.Document]:
     """WikiText-2 raw test split, one document per article (`` = Title = `` lines start one)."""
     rows = _load_hub_dataset("Salesforce/wikitext", "wikitext-2-raw-v1", split="test")["text"]
     articles: list[list[str | None]] = []
@@ -198,26 +103,24 @@ def wikitext2_documents() -> list[Document]:
                 articles[-1].append(None)
         elif line and articles:
             paragraph = _detokenize_wikitext(line)
-            articles[-1].append(paragraph if _is_prose(paragraph) else None)
-    return [document for document in map(_runs, articles) if document]
+            articles[-1].append(paragraph if prose.is_prose(paragraph) else None)
+    return [document for document in map(prose.runs, articles) if document]
 
 
-def pg19_documents() -> list[Document]:
+def pg19_documents() -> list[prose.Document]:
     """PG-19 test split, one document per book."""
     books = _load_hub_dataset("emozilla/pg19-test", split="test")["text"]
-    return [document for document in map(_clean_prose, books) if document]
+    return [document for document in map(prose.prose_runs, books) if document]
 
 
-def offline_documents(corpus: str) -> list[Document]:
+def offline_documents(corpus: str) -> list[prose.Document]:
     """The held-out documents of an offline corpus of :mod:`dynatree.corpora` as prose runs."""
-    from dynatree import corpora
-
     held = corpora.split(corpora.load(corpus), held_out=True)
-    return [document for document in (_clean_prose(t.text) for t in held) if document]
+    return [document for document in (prose.prose_runs(t.text) for t in held) if document]
 
 
 def _passages(
-    document: Document, tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
+    document: prose.Document, tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
 ) -> Iterator[str]:
     """Non-overlapping passages of a document, each starting at a paragraph and cut at the token cap."""
     for run in document:
@@ -274,7 +177,7 @@ def _read_local(path: Path) -> list[str]:
     except (OSError, UnicodeDecodeError) as exc:
         raise DynaTreeError(f"cannot read prompt file {path}: {exc}") from exc
     if path.suffix == ".txt":
-        prompts = [block.strip() for block in _paragraphs(content)]
+        prompts = [block.strip() for block in prose.paragraphs(content)]
     elif path.suffix == ".jsonl":
         prompts = []
         for number, line in enumerate(content.splitlines(), start=1):
@@ -296,7 +199,7 @@ def _read_local(path: Path) -> list[str]:
     return prompts
 
 
-def _corpus(name: str) -> list[Document]:
+def _corpus(name: str) -> list[prose.Document]:
     builders = {
         "pydoc": pydoc_documents,
         "licenses": license_documents,

@@ -1,0 +1,65 @@
+"""The sources on every machine (pydoc, licences) and the two paragraph filters of dynatree.prose:
+one source of text for the bench and distillation, two filters on purpose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dynatree import corpora, prose
+from dynatree.bench.datasets import license_documents
+from dynatree.distill_data import offline_corpus
+
+LICENCE = ("Everyone is permitted to copy and distribute verbatim copies of this license document, but "
+           "changing it is not allowed, and the {} text says so in plain words.")
+
+
+def _licences(tmp_path: Path) -> Path:
+    """Debian's layout in small: GFDL is a link to GFDL-1.3, so the link name sorts first."""
+    for name in ("GFDL-1.2", "GFDL-1.3", "Apache-2.0"):
+        (tmp_path / name).write_text(f"   {name}\n\n" + LICENCE.format(name) + "\n")
+    (tmp_path / "GFDL").symlink_to(tmp_path / "GFDL-1.3")
+    return tmp_path
+
+
+def test_licence_texts_read_each_file_once_in_the_order_of_the_first_name(tmp_path: Path) -> None:
+    texts = corpora.licence_texts(_licences(tmp_path))
+    assert [t.name for t in texts] == ["licence/Apache-2.0", "licence/GFDL-1.3", "licence/GFDL-1.2"]
+    assert texts[1].text.startswith("   GFDL-1.3")
+    assert corpora.licence_texts(tmp_path / "absent") == []
+
+
+def test_bench_and_distillation_read_the_same_licences(tmp_path: Path) -> None:
+    """The bench orders them by file name (its recorded prompt sets), distillation by first name
+    (the shipped drafts' data); both drop the indented heading."""
+    _licences(tmp_path)
+    bench = license_documents(tmp_path)
+    assert bench == [[[LICENCE.format(n)]] for n in ("Apache-2.0", "GFDL-1.2", "GFDL-1.3")]
+    training = [t for t in offline_corpus(tmp_path) if t.name.startswith("licence/")]
+    assert [(t.name, t.text) for t in training] == [
+        (f"licence/{n}", LICENCE.format(n)) for n in ("Apache-2.0", "GFDL-1.3", "GFDL-1.2")]
+
+
+def test_pydoc_texts_are_the_raw_topics() -> None:
+    from pydoc_data.topics import topics
+
+    texts = corpora.pydoc_texts()
+    assert [t.name for t in texts] == [f"pydoc/{k}" for k in topics]
+    assert texts[0].text == next(iter(topics.values()))
+
+
+def test_training_filter_keeps_what_the_prompt_filter_drops() -> None:
+    """A long paragraph without a sentence end: training data (the target labels it), not a prompt."""
+    fragment = ("the terms and conditions for copying distribution and modification of the program and of "
+                "every work based on it follow in the sections below")
+    assert prose.training_paragraphs(fragment) == [fragment]
+    assert prose.prose_runs(fragment) == []
+    sentence = fragment[0].upper() + fragment[1:] + "."
+    assert prose.prose_runs(sentence) == [[sentence]]
+    code = "   x = 1\n   y = 2 and enough words to pass every length filter of both of the two filters."
+    assert prose.training_paragraphs(code) == [] and prose.pydoc_runs(code) == []
+
+
+def test_a_dropped_paragraph_ends_a_run() -> None:
+    a, b = (LICENCE.format(n) for n in "AB")
+    assert prose.prose_runs(f"{a}\n\nshort heading\n\n{b}") == [[a], [b]]
+    assert prose.prose_runs(f"{a}\n\n{b}") == [[a, b]]
