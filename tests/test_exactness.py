@@ -157,6 +157,30 @@ def test_compiled_static_engine_equals_target() -> None:
     assert counters["stats"]["unique_graphs"] == graphs, "a timed run compiled a new graph"
 
 
+def test_every_bucket_keeps_its_graph_past_dynamos_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Target and draft compile one method into 2 x 6 = 12 graphs, past dynamo's default limit of 8
+    graphs per code object (beyond it the step would run uncompiled, silently), on top of the
+    graphs earlier tests left on the same method. The limit is raised only during the engine's own
+    calls: the process-wide setting is left as it was. Dynamo's ``eager`` backend traces the same
+    graphs without inductor's minutes of code generation."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend="eager", **kw))
+    target = tiny_model("llama", 11)  # fresh models: no graph of an earlier test can be reused
+    draft = perturbed(target)
+    buckets = (1, 2, 3, 5, 6, 7)
+    limit = torch._dynamo.config.recompile_limit
+    before = counters["stats"]["unique_graphs"]
+    dynatree.precompile(target, draft, 48, buckets=buckets)
+    assert counters["stats"]["unique_graphs"] - before >= 2 * len(buckets), "a bucket runs uncompiled"
+    assert torch._dynamo.config.recompile_limit == limit, "the process-wide recompile limit was changed"
+    out = dynatree.generate(target, draft, prompt(5, 3), "fixed", max_new_tokens=12, eos_token_id=[],
+                            engine="static", compile=True, buckets=buckets, depth=2, branch=2, max_nodes=6)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt(5, 3), 12, None))
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("engine", ["hf", "static"])
 @pytest.mark.parametrize("strategy", ["fixed", "dynatree", "dyspec"])

@@ -20,7 +20,8 @@ import torch
 
 from dynatree import models
 from dynatree.cache import StaticCachedModel
-from dynatree.engines import CPU_AUTO_BUCKETS, vocab_size
+from dynatree.engines import CPU_AUTO_BUCKETS
+from dynatree.models import vocab_size
 from dynatree.options import EngineOptions
 
 

@@ -2,7 +2,7 @@
 
 After a verify pass the cache holds ``[committed prefix | every tree node]``. Committing a path
 means keeping the accepted nodes' rows, moved to sit right after the prefix, and dropping the rest.
-We move rows instead of cropping and re-running the accepted tokens (what the DynaTree seeds do):
+We move rows instead of cropping and re-running the accepted tokens (what the DynaTree paper's code does):
 the rows were computed with exactly the positions and ancestors they would have had in sequential
 decoding, so they are the rows sequential decoding would have produced.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
 from . import distributed
@@ -47,11 +47,14 @@ def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
-def compact(cache: DynamicCache, start: int, keep: Sequence[int] | torch.Tensor) -> None:
-    """Keep cache rows ``keep`` (absolute, ascending, all >= start) at ``start, start+1, ...``; drop the rest.
+def compact(cache: DynamicCache | StaticCache, start: int, keep: Sequence[int] | torch.Tensor,
+            truncate: bool = True) -> None:
+    """Keep cache rows ``keep`` (absolute, ascending, all >= start) at ``start, start+1, ...``.
 
     In place on every layer. The right-hand side of an advanced-index assignment is materialised
-    before the write, so overlapping source/destination ranges are safe.
+    before the write, so overlapping source/destination ranges are safe. ``truncate`` drops the
+    rows after them (a dynamic cache's length is its tensors' length); a static cache keeps its
+    capacity and its owner records the new length instead (``truncate=False``).
     """
     keep_t = torch.as_tensor(keep, dtype=torch.long)
     k = int(keep_t.numel())
@@ -63,8 +66,9 @@ def compact(cache: DynamicCache, start: int, keep: Sequence[int] | torch.Tensor)
             idx = keep_t.to(layer.keys.device)
             layer.keys[..., start : start + k, :] = layer.keys[..., idx, :]
             layer.values[..., start : start + k, :] = layer.values[..., idx, :]
-        layer.keys = layer.keys[..., : start + k, :]
-        layer.values = layer.values[..., : start + k, :]
+        if truncate:
+            layer.keys = layer.keys[..., : start + k, :]
+            layer.values = layer.values[..., : start + k, :]
 
 
 # ------------------------------------------------------------------------- model + its cache
@@ -246,8 +250,6 @@ class StaticCachedModel(CachedModel):
         buckets: Sequence[int] | None = None,
         cpu_linear: bool = False,
     ) -> None:
-        from transformers import StaticCache
-
         super().__init__(model, vocab_size, cpu_linear)
         self.buckets = tuple(sorted(buckets)) if buckets else self.BUCKETS
         self.capacity = capacity + self.buckets[-1]  # room for the padding of the last call
@@ -266,13 +268,8 @@ class StaticCachedModel(CachedModel):
         self._compiled = bool(compile)
         if compile:
             check_compiler(self.device)  # a one-line error, not an inductor traceback on the first call
-            # One graph per (model, bucket): more than dynamo's default of 8 recompiles per code
-            # object once target and draft share this method.
-            limit = 4 * len(self.buckets)
-            cfg = torch._dynamo.config
-            name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-            setattr(cfg, name, max(getattr(cfg, name), limit))
             self._step = torch.compile(self._raw_step, dynamic=False, mode=compile_mode)
+            self._limit_name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
             # Initialise the cache eagerly: a graph traced on the lazy first call would guard on
             # is_initialized == False and be traced again on the next call, and the cache tensors
             # are only marked as static addresses (CUDA graphs) outside compilation.
@@ -400,19 +397,26 @@ class StaticCachedModel(CachedModel):
         if self.FAST_GUARDS and bucket in self._warm:
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                 return step(*args)
-        out = step(*args)
+        # Every static cache of the process compiles this one method: one graph per (architecture,
+        # bucket, mask layout), shared by engines of the same architecture. Target and draft alone
+        # pass dynamo's default limit of 8 graphs per code object, beyond which it would silently
+        # run the step uncompiled; a process that builds many engines (the bench, the tests)
+        # needs more. So during the call the limit is dynamo's own overall safeguard
+        # (accumulated_recompile_limit), restored afterwards (a save and restore costs ~5 us,
+        # torch._dynamo.config.patch ~180 us): the setting other code sees stays unchanged.
+        cfg, name = torch._dynamo.config, self._limit_name
+        saved = getattr(cfg, name)
+        setattr(cfg, name, max(saved, getattr(cfg, "accumulated_recompile_limit", 256)))
+        try:
+            out = step(*args)
+        finally:
+            setattr(cfg, name, saved)
         self._warm.add(bucket)
         return out
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         keep_t = torch.as_tensor(keep, dtype=torch.long)
-        k = int(keep_t.numel())
-        if k and not (int(keep_t[0]) == start and int(keep_t[-1]) == start + k - 1):
-            for layer in self.cache.layers:
-                if layer.is_initialized:
-                    idx = keep_t.to(layer.keys.device)
-                    layer.keys[..., start : start + k, :] = layer.keys[..., idx, :]
-                    layer.values[..., start : start + k, :] = layer.values[..., idx, :]
-            if self.layout is not None:
-                self.pos[start : start + k] = self.pos[keep_t]
-        self._set_length(start + k)
+        compact(self.cache, start, keep_t, truncate=False)
+        if self.layout is not None:
+            self.pos[start : start + keep_t.numel()] = self.pos[keep_t]
+        self._set_length(start + int(keep_t.numel()))

@@ -21,6 +21,7 @@ from . import distributed
 from .cache import CachedModel, StaticCachedModel
 from .errors import DynaTreeError
 from .feature_draft import uses_target_features
+from .models import vocab_size
 from .options import CacheOptions, EngineOptions
 
 # "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
@@ -174,13 +175,6 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     kv.reset()
     return kv
 
-
-def vocab_size(model: torch.nn.Module) -> int:
-    """The width of ``model``'s logits: its output embedding's rows, else ``config.vocab_size``."""
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if out is not None and hasattr(out, "weight"):
-        return int(out.weight.shape[0])
-    return int(model.config.vocab_size)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ Protocol (the DynaTree paper's §4, with our decisions where it is silent):
 * a spec's ``engine=``/``compile=`` options override the bench-wide engine for that spec; every
   compiled static graph is built before the warm-up (:func:`dynatree.precompile`);
 * ``warmup`` extra passes (every strategy on the first prompts) run before measuring and are not
-  recorded -- the seeds discard their first W runs;
+  recorded -- the papers discard their first W runs;
 * each strategy's greedy output is compared token by token with the autoregressive output of the
   same prompt in the same run group, and every mismatch is recorded in the row (``greedy_match``,
   ``first_mismatch``) and reported -- fp16/bf16 tree verification can flip near-ties, and a
@@ -59,7 +59,6 @@ class Prompt:
 
     id: str
     ids: tuple[int, ...]
-    text: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
