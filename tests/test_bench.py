@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from dynatree.bench import runner as runner_mod
-from dynatree.bench.metrics import mean_std, row_metrics, seed_path_length, summarize
+from dynatree.bench.metrics import mean_std, row_metrics, paper_path_length, summarize
 from dynatree.bench.report import build_report
 from dynatree.bench.runner import BenchSettings, Prompt, first_mismatch, run_bench
 from dynatree.bench.specs import parse_strategies
@@ -75,24 +75,24 @@ def test_mean_std_is_sample_std() -> None:
     assert mean_std([None]) is None
 
 
-def test_row_metrics_and_seed_acceptance_by_hand() -> None:
+def test_row_metrics_and_paper_acceptance_by_hand() -> None:
     # linear K=4, rounds accepted 4, 2, 0 -> committed 5, 3, 1 = 9 tokens in 3 rounds.
     row = make_row("g", "linear", "linear", "p0", 90.0, config=LINEAR_CFG, accepted=[4, 2, 0], drafted=4)
     m = row_metrics(row)
     assert m["L"] == pytest.approx(3.0)  # 9 / 3
     assert m["ell"] == pytest.approx(2.0)  # 6 / 3
     assert m["acceptance"] == pytest.approx(0.5)  # 6 accepted / 12 drafted
-    assert m["seed_path_length"] == pytest.approx(3.0)  # (5 + 3 + 1) / 3: the seeds count the bonus
-    assert m["seed_acceptance"] == pytest.approx(0.75)  # ℓ̄_seed / K = 3 / 4
+    assert m["paper_path_length"] == pytest.approx(3.0)  # (5 + 3 + 1) / 3: the papers count the bonus
+    assert m["paper_acceptance"] == pytest.approx(0.75)  # ℓ̄_paper / K = 3 / 4
     assert m["t_other"] == pytest.approx(0.1 * 9 / 90.0)  # total - (0.2 + 0.1 + 0.5 + 0.1) * total
     # fixed tree D=3 -> denominator D + 2 = 5; DynaTree D_0 = 5 -> 7.
     fixed = make_row("g", "f", "fixed", "p0", 90.0, config=FIXED_CFG, accepted=[4, 2, 0], drafted=6)
-    assert row_metrics(fixed)["seed_acceptance"] == pytest.approx(3.0 / 5)
+    assert row_metrics(fixed)["paper_acceptance"] == pytest.approx(3.0 / 5)
     dyna = make_row("g", "d", "dynatree", "p0", 90.0, config=dyna_cfg(True, True, True), accepted=[6, 6], drafted=10)
-    assert row_metrics(dyna)["seed_acceptance"] == pytest.approx(7.0 / 7)  # 100 %: the seeds' definition can hit >= 1
+    assert row_metrics(dyna)["paper_acceptance"] == pytest.approx(7.0 / 7)  # 100 %: the papers' definition can hit >= 1
     ar = make_row("g", "autoregressive", "autoregressive", "p0", 50.0)
-    assert row_metrics(ar)["acceptance"] is None and row_metrics(ar)["seed_acceptance"] is None
-    assert seed_path_length([]) is None
+    assert row_metrics(ar)["acceptance"] is None and row_metrics(ar)["paper_acceptance"] is None
+    assert paper_path_length([]) is None
 
 
 def test_speedup_is_against_the_same_groups_autoregressive_run() -> None:
@@ -381,7 +381,7 @@ def test_report_writes_tables_and_figures(tmp_path: Path) -> None:
     # Main table, WikiText-2 block: AR 110.0 ± 14.1 (sd of 100, 120), linear 165 / 110 = 1.50×
     assert "| autoregressive | 110.0 ± 14.1 | 1.00× | 55.0 ± 7.1 | 1.00× |" in md
     assert "| linear:k=4 | 165.0 ± 7.1 | 1.50× | 82.5 ± 3.5 | 1.50× |" in md
-    # Efficiency: linear accepted 3 of 4 drafted = 75.0 %; seeds' def. (3 + 1) / 4 = 100.0 %; L̄ 4.00
+    # Efficiency: linear accepted 3 of 4 drafted = 75.0 %; papers' def. (3 + 1) / 4 = 100.0 %; L̄ 4.00
     assert "| linear:k=4 | 75.0% | 100.0% | 4.00 | 3.00 | 2.0 |" in md
     # Ablation: 150 -> 180 (+20.0 %) -> 195 (+30.0 %)
     assert "+ Dynamic breadth & depth [dynatree-no-history] | 180.0 ± 0.0 | 1.64× | +20.0%" in md

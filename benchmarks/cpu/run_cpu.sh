@@ -13,7 +13,7 @@ dynatree bench --strategies "$SPEC" --num-prompts 6 --max-new-tokens 96 --warmup
 dynatree bench --draft early-exit:8 --strategies "autoregressive,linear:k=3,dynatree" --num-prompts 3 --max-new-tokens 48 --warmup 1 $common --output $out/early_exit.jsonl
 # 3. sampling at T = 0.6 (acceptance of fixed tree vs DynaTree vs DySpec)
 dynatree bench --temperature 0.6 --strategies "autoregressive,fixed:depth=3:branch=2:max_nodes=16@fixed-cpu,dynatree,dyspec:max_nodes=16@dyspec-16,dyspec-threshold:threshold=0.05:max_nodes=32@dyspec-thr" --num-prompts 4 --max-new-tokens 96 --warmup 1 $common --output $out/t06.jsonl
-# 4. sweep of the DynaTree values the seeds never give
+# 4. sweep of the DynaTree values the papers never give
 dynatree sweep --strategy dynatree --grid max_nodes=4,8,16,32 --grid rho_deep=0.2,0.5 --grid tau=0.02,0.1 --baselines autoregressive --num-prompts 3 --max-new-tokens 64 --warmup 1 $common --output $out/sweep.jsonl
 # 5. static engine, eager and compiled (compilation happens in the unrecorded warm-up run)
 dynatree bench --engine static --strategies "autoregressive,linear:k=3,dynatree" --num-prompts 4 --max-new-tokens 96 --warmup 1 $common --output $out/static.jsonl

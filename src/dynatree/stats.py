@@ -2,7 +2,7 @@
 
 Definitions: L = tokens committed per round (accepted drafted tokens + the
 bonus token, after truncation at EOS / max_new_tokens); accepted = drafted nodes on the accepted
-path (ℓ); acceptance = accepted / drafted nodes (≤ 1). The seeds' own "acceptance rate", which can
+path (ℓ); acceptance = accepted / drafted nodes (≤ 1). The papers' own "acceptance rate", which can
 exceed 100 %, is computed by the bench under its own name.
 """
 

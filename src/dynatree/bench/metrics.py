@@ -4,16 +4,16 @@ Definitions:
 
 * throughput = generated tokens / wall time of the whole generate call (prefill included, warm-up
   runs excluded); aggregated as mean ± sample std (ddof = 1) over prompts;
-* speedup = mean throughput / mean autoregressive throughput *of the same run group* (the seeds'
+* speedup = mean throughput / mean autoregressive throughput *of the same run group* (the papers'
   TPS / TPS_AR); the per-prompt ratio is reported too (``speedup_per_prompt``). A group with
   several autoregressive baselines (say HF eager and compiled static) takes the first as *the*
   reference and also gives the ratio over each of them (``speedups``, keyed by baseline label);
 * L = committed tokens per round (accepted drafted tokens + bonus, after EOS / length truncation);
   ℓ = accepted drafted tokens per round; acceptance = accepted / drafted nodes (≤ 1);
-* ``seed_acceptance``: the seeds' "acceptance" that can exceed 100 % -- back-calculated in
-  the DynaTree paper as ℓ̄_seed / K for linear and ℓ̄_seed / (D + 2) for trees (D = fixed depth, or
-  DynaTree's D_0), where the seeds' ℓ̄ evidently counts the bonus token (item 15), i.e.
-  ℓ̄_seed = mean over rounds of (ℓ + 1). Labelled as the seeds' definition wherever shown;
+* ``paper_acceptance``: the papers' "acceptance" that can exceed 100 % -- back-calculated in
+  the DynaTree paper as ℓ̄_paper / K for linear and ℓ̄_paper / (D + 2) for trees (D = fixed depth, or
+  DynaTree's D_0), where the papers' ℓ̄ evidently counts the bonus token, i.e.
+  ℓ̄_paper = mean over rounds of (ℓ + 1). Labelled as the papers' definition wherever shown;
 * TTFT = start of generate -> first committed token (prefill of both models + first round);
   TPOT = (total − TTFT) / (new tokens − 1);
 * time split = prefill / draft / verify / commit / other (other = total − the four).
@@ -56,7 +56,7 @@ def mean_std(values: Iterable[float | None]) -> Agg | None:
     return Agg(m, sd, len(xs))
 
 
-def seed_acceptance_denominator(strategy: str, config: Mapping[str, Any]) -> int | None:
+def paper_acceptance_denominator(strategy: str, config: Mapping[str, Any]) -> int | None:
     """K for linear, D + 2 for the fixed tree (D = depth) and DynaTree (D = D_0); None otherwise."""
     if strategy == "linear":
         return int(config["k"])
@@ -67,8 +67,8 @@ def seed_acceptance_denominator(strategy: str, config: Mapping[str, Any]) -> int
     return None
 
 
-def seed_path_length(per_round: Sequence[Mapping[str, Any]]) -> float | None:
-    """The seeds' ℓ̄: accepted drafted tokens + the bonus token, averaged over rounds."""
+def paper_path_length(per_round: Sequence[Mapping[str, Any]]) -> float | None:
+    """The papers' ℓ̄: accepted drafted tokens + the bonus token, averaged over rounds."""
     acc = [r["accepted"] for r in per_round if r.get("accepted") is not None]
     return sum(a + 1 for a in acc) / len(acc) if acc else None
 
@@ -77,8 +77,8 @@ def row_metrics(row: Row) -> dict[str, float | None]:
     """Per-prompt numbers of one row (None where the strategy cannot report them)."""
     s = row["stats"]
     per_round = row.get("per_round") or []
-    ell_seed = seed_path_length(per_round)
-    denom = seed_acceptance_denominator(row["strategy"], row.get("config") or {})
+    ell_paper = paper_path_length(per_round)
+    denom = paper_acceptance_denominator(row["strategy"], row.get("config") or {})
     total = s.get("t_total")
     parts = {p: s.get(f"t_{p}") for p in TIME_PARTS[:-1]}
     known = total is not None and all(v is not None for v in parts.values())
@@ -90,8 +90,8 @@ def row_metrics(row: Row) -> dict[str, float | None]:
         "L": s.get("mean_committed"),
         "ell": s.get("mean_accepted") if drafting else None,
         "acceptance": s.get("acceptance") if drafting else None,
-        "seed_path_length": ell_seed if denom else None,
-        "seed_acceptance": ell_seed / denom if (ell_seed is not None and denom) else None,
+        "paper_path_length": ell_paper if denom else None,
+        "paper_acceptance": ell_paper / denom if (ell_paper is not None and denom) else None,
         "drafted": s.get("mean_drafted") if drafting else None,
         "depth": s.get("mean_depth") if drafting else None,
         "draft_calls": s.get("draft_calls") if drafting else None,

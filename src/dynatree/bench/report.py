@@ -1,4 +1,4 @@
-"""``dynatree report``: results JSONL -> markdown tables shaped like the seeds' + PNG figures.
+"""``dynatree report``: results JSONL -> markdown tables shaped like the papers' + PNG figures.
 
 Sections (mirroring the tables of the DynaTree and DySpec papers):
 
@@ -7,7 +7,7 @@ Sections (mirroring the tables of the DynaTree and DySpec papers):
 2. greedy-output check: mismatches against the autoregressive output, per strategy;
 3. per setup (model pair, dtype, device, T), one column block per dataset:
    main results (DynaTree paper Table 1: t/s ± std, speedup), latency (Table 2: TTFT, TPOT), verification
-   efficiency (Table 3: acceptance, the seeds' acceptance under its own name, L̄, ℓ̄, #Iter),
+   efficiency (Table 3: acceptance, the papers' acceptance under its own name, L̄, ℓ̄, #Iter),
    and per run group resources (peak memory, Δ vs AR, time split, tree size, draft calls);
    figures: throughput with error bars, tokens-per-round histogram;
 4. ablation (DynaTree paper Table 4): DynaTree with adaptive breadth / depth / history switched on in turn;
@@ -169,8 +169,8 @@ def _accept(s: Summary) -> str:
     return _pct(s.get("acceptance").mean) if s.get("acceptance") else DASH
 
 
-def _seed_accept(s: Summary) -> str:
-    return _pct(s.get("seed_acceptance").mean) if s.get("seed_acceptance") else DASH
+def _paper_accept(s: Summary) -> str:
+    return _pct(s.get("paper_acceptance").mean) if s.get("paper_acceptance") else DASH
 
 
 MAIN_COLUMNS: list[tuple[str, Callable[[Summary], str]]] = [
@@ -192,7 +192,7 @@ LATENCY_COLUMNS: list[tuple[str, Callable[[Summary], str]]] = [
 ]
 EFFICIENCY_COLUMNS: list[tuple[str, Callable[[Summary], str]]] = [
     ("Accept. (accepted/drafted)", _accept),
-    ("Accept. (seeds' def.)", _seed_accept),
+    ("Accept. (papers' def.)", _paper_accept),
     ("L̄", lambda s: _m(s.get("L"))),
     ("ℓ̄", lambda s: _m(s.get("ell"))),
     ("#Iter", lambda s: _m(s.get("rounds"), 1)),
@@ -283,8 +283,8 @@ def build_report(results: str | Path, out_dir: str | Path) -> Report:
            "Throughput = generated tokens / wall time of generate (prefill included, warm-up runs excluded), "
            "mean ± sample std over prompts. Speedup = mean t/s ÷ mean autoregressive t/s of the same run group. "
            "L̄ = tokens committed per round (incl. bonus); ℓ̄ = accepted drafted tokens per round; "
-           "Accept. = accepted ÷ drafted nodes. *Accept. (seeds' def.)* = (ℓ̄ + 1) ÷ K for linear and "
-           "(ℓ̄ + 1) ÷ (D + 2) for trees (D = depth, or DynaTree's D_0): the definition that reproduces the seeds' "
+           "Accept. = accepted ÷ drafted nodes. *Accept. (papers' def.)* = (ℓ̄ + 1) ÷ K for linear and "
+           "(ℓ̄ + 1) ÷ (D + 2) for trees (D = depth, or DynaTree's D_0): the definition that reproduces the papers' "
            "tables and can exceed 100% (they divide L by K or by the tree depth + 2). TTFT = start → first committed token; "
            "TPOT = (total − TTFT) ÷ (T − 1). On CPU, memory is the process RSS high-water mark so far "
            "(monotone across runs); on CUDA, the allocator peak of each run. hf-assisted: HuggingFace "
@@ -412,9 +412,9 @@ def _best_per_length(by_length: Mapping[int, Sequence[Summary]], lengths: Sequen
             continue
         best = max(ss, key=lambda s: s.get("throughput").mean)
         rows.append([str(t), best.label, _m(ar.get("throughput"), 1) if ar else DASH,
-                     _m(best.get("throughput"), 1), _x(best.speedup), _accept(best), _seed_accept(best)])
+                     _m(best.get("throughput"), 1), _x(best.speedup), _accept(best), _paper_accept(best)])
     return _table(["Length", "Best configuration", "AR (t/s)", "Best (t/s)", "Speedup", "Accept.",
-                   "Accept. (seeds' def.)"], rows)
+                   "Accept. (papers' def.)"], rows)
 
 
 def _sensitivity_sections(summaries: Sequence[Summary], origins: Mapping[tuple[str, str], set[str]],

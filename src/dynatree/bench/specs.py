@@ -13,7 +13,7 @@ Syntax (one string, as given to ``--strategies``)::
   ``dynatree:engine=static:compile=true@dynatree-compiled``;
 * ``@LABEL`` names the row in tables; without it the label is the spec text itself, so
   ``linear:k=5,linear:k=8`` gives two distinct rows. Two specs with the same label are refused.
-* presets expand in place: ``seeds`` (the DynaTree paper's Table 1 line-up) and ``ablation`` (its Table 4).
+* presets expand in place: ``paper`` (the DynaTree paper's Table 1 line-up) and ``ablation`` (its Table 4).
 
 The autoregressive baseline is always run (first): every speedup and every greedy-output check is
 against it. Several autoregressive specs may be given when their run options differ (say HF-eager
@@ -45,7 +45,7 @@ ENGINES = ("hf", "static")
 
 PRESETS: dict[str, str] = {
     # The DynaTree paper's Table 1 line-up (WikiText-2 settings): AR, Linear K=8, Fixed (D=8, B=3, tau=0.1), DynaTree.
-    "seeds": "autoregressive,linear:k=8,fixed:depth=8:branch=3:tau=0.1,dynatree,hf-assisted",
+    "paper": "autoregressive,linear:k=8,fixed:depth=8:branch=3:tau=0.1,dynatree,hf-assisted",
     # The DynaTree paper's Table 4: the same DynaTree policy with its phases switched on one after another.
     "ablation": (
         "dynatree:adaptive_breadth=false:adaptive_depth=false:history=false@dynatree-static,"

@@ -1,7 +1,7 @@
 """Parameter sweeps: the Cartesian product of option values for one strategy, run like a bench.
 
 A sweep is just a benchmark whose strategy list is generated from a grid (plus baselines, the
-autoregressive one always), optionally repeated over several generation lengths (the seeds'
+autoregressive one always), optionally repeated over several generation lengths (the papers'
 length-scaling study). It reuses the runner and the keyed results file, so a crashed or
 interrupted sweep rerun with the same arguments continues where it stopped and never writes a row
 twice. Every combination is validated before the first model call: a grid with one invalid

@@ -1,9 +1,9 @@
-"""DynaTree: confidence-aware breadth, probability-gated depth, history adaptation (seeds 000/001).
+"""DynaTree: confidence-aware breadth, probability-gated depth, history adaptation (the DynaTree paper).
 
 Per round (DynaTree paper, Alg. 1, expanded breadth-first, one draft call per level):
 
-* root u_0 = the draft's top-1 token (seed-faithful; ``root_branching=True`` branches there too);
-* a frontier node u with path probability p(u) and seed depth d(u) (u_0 has d = 0) is expanded iff
+* root u_0 = the draft's top-1 token (as in the paper; ``root_branching=True`` branches there too);
+* a frontier node u with path probability p(u) and depth d(u) as the paper counts it (u_0 has d = 0) is expanded iff
   p(u) >= tau, d(u) < D_max, p(u) >= rho_stop and (d(u) < D_0 or p(u) >= rho_deep), while the tree
   holds fewer than N_max drafted nodes (Alg. 1 lines 14-25);
 * breadth from the draft's confidence c(u) = max softmax at u: B_min if c >= tau_h, B_max if
@@ -20,7 +20,7 @@ adaptation starts once W rounds have been seen. eta_h is not swept.
 
 Level batching: gating depends only on a node's own depth and path probability, so all nodes of a
 level that pass it are expanded in one draft call; capping that list at the remaining budget makes
-the tree identical to the seed's one-node-at-a-time FIFO loop.
+the tree identical to the paper's one-node-at-a-time FIFO loop.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ class DynaTree(DraftPolicy):
         return cfg.b_mid
 
     def expandable(self, depth: int, cum_logq: float) -> bool:
-        """The seed's gate for a node at tree depth ``depth`` (u_0 has depth 1 here, 0 in the seed)."""
+        """The paper's gate for a node at tree depth ``depth`` (u_0 has depth 1 here, 0 in the paper)."""
         cfg = self.config
         d, p = depth - 1, math.exp(cum_logq)
         if p < cfg.tau:
@@ -209,7 +209,7 @@ class DynaTree(DraftPolicy):
         self._expected = sum(math.exp(lq) for lq in tree.cum_logq[1:])
 
     def max_depth(self) -> int:
-        # u_0 plus up to D_max expansions (the seed gate is d(u) < D_max with d(u_0) = 0).
+        # u_0 plus up to D_max expansions (the paper's gate is d(u) < D_max with d(u_0) = 0).
         return self.config.d_max + 1
 
     # ------------------------------------------------------------------------------- history

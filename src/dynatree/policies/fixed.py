@@ -1,10 +1,10 @@
 """Fixed tree: top-B children per node to depth D, probability pruning tau, node budget N_max.
 
 This is the algorithm of the first DynaTree paper version (adaptive pruning only, its Alg. 1), which the later versions use as their "Fixed
-Tree" baseline. The root u_0 is the draft's top-1 token (seed-faithful); ``root_branching=True``
+Tree" baseline. The root u_0 is the draft's top-1 token (as in the paper); ``root_branching=True``
 gives the first position B candidates like every other node.
 
-Pruning (``prune``): the seed's pseudocode keeps a node whose path probability is below tau in the
+Pruning (``prune``): the paper's pseudocode keeps a node whose path probability is below tau in the
 tree (it is verified) but does not expand it: ``"keep"``, the default. Its text says such branches
 are discarded before verification: ``"drop"`` never adds them.
 """

@@ -1,4 +1,4 @@
-"""Linear speculative decoding: a greedy chain of K draft tokens (seeds' "Linear" baseline)."""
+"""Linear speculative decoding: a greedy chain of K draft tokens (the papers' "Linear" baseline)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .base import DraftPolicy
 
 @dataclass(frozen=True)
 class LinearConfig:
-    """k: draft tokens per round (seeds: K = 5, 6, 7 or 8)."""
+    """k: draft tokens per round (the papers: K = 5, 6, 7 or 8)."""
 
     k: int = 5
 
