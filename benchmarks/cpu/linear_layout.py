@@ -6,11 +6,15 @@ values of the real shapes, 420 MB fp32, far larger than the caches) is multiplie
 * ``F.linear``   -- ``x @ W.T``, what ``nn.Linear`` does;
 * ``(W @ x.T).T`` -- :func:`dynatree.kernels.cpu_linear.small_batch_linear` (one row padded to two);
 
-eager, and with ``--compiled`` also under ``torch.compile`` (14 more graphs: ~10 minutes of
+``--matrices head`` times the LM head instead (49152 x 576, 113 MB fp32: the head the lazy-logits
+path applies to the rows acceptance reads) and records, per row count, whether ``(W @ x.T).T``
+gives each row bitwise the result it gets in the one-row (padded-to-two) call: the autoregressive
+step's rounding. Eager, and with ``--compiled`` also under ``torch.compile`` (14 more graphs: ~10 minutes of
 compilation on the 2-core VM). Cases are interleaved round by round so a drifting VM hits them
 alike; the median of ``--reps`` rounds is reported. Writes JSON next to this file.
 
     python benchmarks/cpu/linear_layout.py --threads 2 [--compiled] --out benchmarks/cpu/linear_layout.json
+    python benchmarks/cpu/linear_layout.py --threads 1 --matrices head --out benchmarks/cpu/head_layout_1thread.json
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import torch.nn.functional as F
 
 from dynatree.kernels.cpu_linear import small_batch_linear
 
-H, INTER, KV, LAYERS = 576, 1536, 192, 30
+H, INTER, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152
 
 
-def weights(seed: int = 0) -> list[torch.Tensor]:
+def weights(matrices: str, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shapes = [(H, H), (KV, H), (KV, H), (H, H), (INTER, H), (INTER, H), (H, INTER)] * LAYERS
+    decoder = [(H, H), (KV, H), (KV, H), (H, H), (INTER, H), (INTER, H), (H, INTER)] * LAYERS
+    shapes = decoder if matrices == "decoder" else [(VOCAB, H)]
     return [torch.randn(*s, generator=g) * 0.02 for s in shapes]
 
 
@@ -50,11 +55,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
     ap.add_argument("--compiled", action="store_true", help="also time torch.compile'd versions")
+    ap.add_argument("--matrices", choices=("decoder", "head"), default="decoder",
+                    help="the 210 decoder matrices, or the LM head alone")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("linear_layout.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
-    ws = weights()
+    ws = weights(args.matrices)
     fns = {}
     for layout in ("F.linear", "(W @ x.T).T"):
         fns[("eager", layout)] = lambda a, b, layout=layout: stack(ws, a, b, layout)
@@ -76,14 +83,32 @@ def main() -> None:
     result = {
         "machine": f"{platform.processor() or platform.machine()}; {args.threads} torch threads",
         "torch": torch.__version__,
-        "what": "ms per pass over all 210 decoder weight matrices of SmolLM2-135M (fp32), median",
+        "what": ("ms per pass over all 210 decoder weight matrices of SmolLM2-135M (fp32), median"
+                 if args.matrices == "decoder" else "ms per LM-head call (49152 x 576, fp32), median"),
         "ms": [{"mode": mode, "layout": layout, "rows": m,
                 "median_ms": round(sorted(times[(mode, layout, m)])[args.reps // 2] * 1e3, 2)}
                for mode, layout, m in cases],
     }
+    if args.matrices == "head":
+        result["bitwise_as_one_row"] = row_stability(ws[0], rows)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for r in result["ms"]:
         print(f"{r['mode']:8s} {r['layout']:12s} rows={r['rows']:3d} {r['median_ms']:7.1f} ms")
+    for r in result.get("bitwise_as_one_row", []):
+        print(f"rows={r['rows']:3d} (W @ x.T).T rows bitwise as in a one-row call: {r['equal']}; "
+              f"max |diff| to F.linear {r['max_abs_diff_to_F.linear']:.2g}")
+
+
+def row_stability(w: torch.Tensor, rows: list[int]) -> list[dict]:
+    """Per row count: does every row of a batched ``(W @ x.T).T`` equal that row's one-row call?"""
+    x = torch.randn(max(rows), w.shape[1], generator=torch.Generator().manual_seed(1))
+    alone = [small_batch_linear(x[i : i + 1], w)[0] for i in range(len(x))]
+    out = []
+    for m in rows:
+        batch = small_batch_linear(x[:m], w)
+        out.append({"rows": m, "equal": all(torch.equal(batch[i], alone[i]) for i in range(m)),
+                    "max_abs_diff_to_F.linear": float((batch - F.linear(x[:m], w)).abs().max())})
+    return out
 
 
 if __name__ == "__main__":
