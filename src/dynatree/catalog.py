@@ -1,7 +1,7 @@
 """The names a user can type, and the defaults the command line shows: no torch here.
 
 The CLI builds its ``--help`` texts, its ``dynatree list`` command and its defaults from this
-module, so that ``dynatree --help`` does not import torch or transformers (about 3 s on a small
+module, so that ``dynatree --help`` does not import torch or transformers (seconds on a small
 machine); the library reads the same constants, so a default is written once:
 
 * :data:`PRESETS` -- model presets (``--target`` / ``--draft``), :data:`DEFAULT_TARGET`,

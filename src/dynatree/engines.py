@@ -176,7 +176,6 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     return kv
 
 
-
 @contextlib.contextmanager
 def eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
     """Dropout would make verification random: run in eval mode, restore the caller's mode after."""
