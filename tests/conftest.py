@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # 28 s with 1). So the suite runs single-threaded, the subprocesses it starts included.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# The measured tree budget (dynatree.costmodel, opt-in) would time the tiny test models on the real
+# The measured tree budget (dynatree.core.costmodel, opt-in) would time the tiny test models on the real
 # clock and write profiles to the user's cache dir: off for the suite whatever the environment
 # says; tests/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
 os.environ["DYNATREE_COST_MODEL"] = "off"
@@ -25,6 +25,6 @@ def _few_row_layout_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     or more threads (most users) it turns the few-row layout on. Every exactness test runs the
     engine's defaults, so here the layout is on from one thread: the tests cover what users run.
     ``tests/test_cpu_linear.py`` checks the thread rule itself with the real threshold."""
-    from dynatree import engines
+    from dynatree.runtime import engines
 
     monkeypatch.setattr(engines, "CPU_LINEAR_MIN_THREADS", 1)

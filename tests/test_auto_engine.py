@@ -7,8 +7,8 @@ import torch
 from tiny import tiny_model
 
 import dynatree
-from dynatree import engines
-from dynatree.engines import CPU_AUTO_BUCKETS
+from dynatree.runtime import engines
+from dynatree.runtime.engines import CPU_AUTO_BUCKETS
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 
@@ -87,7 +87,7 @@ class _Tok:
 def test_cli_compare_prints_both_speeds(model, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from dynatree import models
+    from dynatree.loading import models
     from dynatree.cli import app
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: (model, _Tok()))

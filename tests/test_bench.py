@@ -418,7 +418,7 @@ def test_bench_and_sweep_cli_reject_bad_specs_before_loading_models(tmp_path: Pa
 
 
 def test_bench_and_sweep_refuse_bad_engine_flags_before_loading_models(tmp_path: Path, monkeypatch) -> None:
-    from dynatree import models
+    from dynatree.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     out = ["--output", str(tmp_path / "r.jsonl")]

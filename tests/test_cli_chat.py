@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 import dynatree
-from dynatree.chat import ChatSession, EchoStreamer, chat_eos, chat_prompt
+from dynatree.integrations.chat import ChatSession, EchoStreamer, chat_eos, chat_prompt
 from dynatree.cli import app
 from tiny import perturbed, tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
@@ -36,7 +36,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 def loaded(model_dirs: tuple[str, str]):
-    from dynatree import models
+    from dynatree.loading import models
 
     target, tok = models.load_model(model_dirs[0])
     draft, _ = models.load_model(model_dirs[1])

@@ -18,8 +18,8 @@ from xml.sax.saxutils import escape
 import numpy as np
 import pytest
 
-from dynatree import corpora
-from dynatree.corpora import Source, Text
+from dynatree.text import corpora
+from dynatree.text.corpora import Source, Text
 from dynatree.errors import DynaTreeError
 
 # Only the tests that parse wiki markup or R data need these optional packages (the 'offline'
@@ -162,7 +162,7 @@ def test_fetch_refuses_a_changed_file_and_leaves_nothing_behind(tmp_path: Path) 
 
 
 def test_fetch_failures_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(DynaTreeError, match="has no .*update dynatree.corpora.SOURCES"):
+    with pytest.raises(DynaTreeError, match="has no .*update dynatree.text.corpora.SOURCES"):
         corpora.fetch("wiki", tmp_path, download=_fake_wheel("other/file.bz2", b"x"))
     monkeypatch.setattr(corpora.shutil, "which", lambda name: None)
     with pytest.raises(DynaTreeError, match="no apt-get") as info:

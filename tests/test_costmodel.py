@@ -10,8 +10,8 @@ import torch
 from tiny import VOCAB, perturbed, tiny_model
 
 import dynatree
-from dynatree import costmodel
-from dynatree.costmodel import CostProfile, choose_budget, max_useful_nodes
+from dynatree.core import costmodel
+from dynatree.core.costmodel import CostProfile, choose_budget, max_useful_nodes
 from dynatree.errors import DynaTreeError
 from dynatree.policies import make_policy
 
@@ -175,7 +175,7 @@ def test_switched_off_uses_fixed_budget(pair, monkeypatch) -> None:
 
 
 def test_measure_leaves_cache_empty_with_fake_clock(pair) -> None:
-    from dynatree.cache import CachedModel
+    from dynatree.runtime.cache import CachedModel
 
     kv = CachedModel(pair[0], VOCAB)
     ticks = iter(range(10_000))

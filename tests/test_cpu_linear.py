@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dynatree
-from dynatree.kernels import cpu_linear
-from dynatree.kernels.cpu_linear import MAX_ROWS, SmallBatchLinear
+from dynatree.runtime.kernels import cpu_linear
+from dynatree.runtime.kernels.cpu_linear import MAX_ROWS, SmallBatchLinear
 from tiny import hf_greedy, perturbed, tiny_model
 
 
@@ -87,7 +87,7 @@ def test_a_broken_layout_is_caught_by_the_greedy_check(monkeypatch: pytest.Monke
 
 def test_default_is_on_from_two_threads_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """One thread: the layout measured slower (session 6); two or more: on; explicit values win."""
-    from dynatree import engines
+    from dynatree.runtime import engines
 
     monkeypatch.setattr(engines, "CPU_LINEAR_MIN_THREADS", 2)  # the real threshold (conftest lowers it)
     model = tiny_model("llama", 0)

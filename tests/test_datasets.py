@@ -16,8 +16,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from dynatree.bench import datasets as prompt_sets
-from dynatree.corpora import LICENCES_DIR
-from dynatree.prose import pydoc_runs
+from dynatree.text.corpora import LICENCES_DIR
+from dynatree.text.prose import pydoc_runs
 from dynatree.bench.datasets import cut_to_tokens, load_prompt_ids, load_prompts
 from dynatree.errors import DynaTreeError
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dynatree import devices
+from dynatree.runtime import devices
 from dynatree.cli import app
 from dynatree.errors import DynaTreeError
 
@@ -92,7 +92,7 @@ def test_compile_on_cuda_without_triton(one_gpu, monkeypatch: pytest.MonkeyPatch
 
 
 def test_library_loading_refuses_a_missing_gpu(no_cuda) -> None:
-    from dynatree import models
+    from dynatree.loading import models
 
     with pytest.raises(DynaTreeError, match="built without CUDA"):
         models.load_model("smollm2-135m", device="cuda")
@@ -102,7 +102,7 @@ def test_static_engine_refuses_compile_without_compiler() -> None:
     from tiny import tiny_model
     from torch._inductor import config
 
-    from dynatree.cache import StaticCachedModel
+    from dynatree.runtime.cache import StaticCachedModel
 
     with config.patch({"cpp.cxx": ("/nonexistent/g++",)}), pytest.raises(DynaTreeError, match="C\\+\\+ compiler"):
         StaticCachedModel(tiny_model("llama"), 96, 64, compile=True)

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from dynatree import distill as D
-from dynatree import distill_data as DD
-from dynatree import distilled as R
+from dynatree.training import distill as D
+from dynatree.training import data as DD
+from dynatree.drafts import distilled as R
 from dynatree.errors import DynaTreeError
-from dynatree.prose import training_paragraphs
+from dynatree.text.prose import training_paragraphs
 
 VOCAB = 260
 EOS = 256
@@ -228,7 +228,7 @@ def test_prose_cleaning_drops_code_and_grammar() -> None:
 
 
 def test_corpora_setting_selects_documents_and_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dynatree import corpora
+    from dynatree.text import corpora
 
     with pytest.raises(DynaTreeError, match="corpora must be"):
         D.DistillConfig(corpora="pydoc,nope")

@@ -150,7 +150,7 @@ def test_tp_flag_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_tp_plan_replicates_attention_only_when_heads_do_not_split() -> None:
     from transformers import LlamaConfig
 
-    from dynatree.distributed import tp_plan
+    from dynatree.runtime.distributed import tp_plan
 
     smollm2 = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
     assert tp_plan(smollm2, 3) == "auto"

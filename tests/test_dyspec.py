@@ -14,12 +14,12 @@ import pytest
 import torch
 from tiny import perturbed, tiny_model
 
-from dynatree.cache import CachedModel
-from dynatree.draft import Drafter
+from dynatree.runtime.cache import CachedModel
+from dynatree.drafts.model import Drafter
 from dynatree.errors import DynaTreeError
 from dynatree.policies import make_policy
-from dynatree.sampling import DraftSampler, draft_probs, draw, without
-from dynatree.tree import TokenTree, TreeBuilder, children_lists, validate
+from dynatree.core.sampling import DraftSampler, draft_probs, draw, without
+from dynatree.core.tree import TokenTree, TreeBuilder, children_lists, validate
 
 V = 24
 PROMPT = [3, 5, 7]

@@ -15,14 +15,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from dynatree import distill_features as F
-from dynatree import engine as E
+from dynatree.training import features as F
+from dynatree.loop import generate as E
 from dynatree import generate
-from dynatree.distill_config import DistillConfig
-from dynatree.distilled import DraftConfig, load_distilled_draft
-from dynatree.draft import FeatureDrafter
+from dynatree.training.config import DistillConfig
+from dynatree.drafts.distilled import DraftConfig, load_distilled_draft
+from dynatree.drafts.model import FeatureDrafter
 from dynatree.errors import DynaTreeError
-from dynatree.feature_draft import FeatureDraft
+from dynatree.drafts.feature_head import FeatureDraft
 from test_distill import DOCS, SMALL, ByteTokenizer, tiny_target
 from tiny import SMALL_TREES, tiny_model
 
@@ -162,7 +162,7 @@ def test_sampled_tokens_follow_the_target(strategy: str) -> None:
     """Lossless sampling with a feature draft (one-token prompt: the drafter starts with no features)."""
     from test_sampling import ALPHA, STRATEGIES, T_MAIN, V, pvalues
 
-    from dynatree.sampling import SamplingConfig
+    from dynatree.core.sampling import SamplingConfig
 
     target = tiny_model("llama", 3, vocab=V, layers=1, init=0.3)
     cfg = DraftConfig.from_target(target, name="tiny", layers=1, vocab_subset=list(range(V)), kind="feature")

@@ -18,7 +18,7 @@ from transformers import TextIteratorStreamer
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-import dynatree.hf
+import dynatree.integrations.hf
 from dynatree import STRATEGIES, DynaTreeError
 from tiny import SMALL_TREES, perturbed, tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
@@ -49,7 +49,7 @@ def test_callable_equals_hf_greedy(arch: str, strategy: str) -> None:
     target, draft = pair(arch)
     ids = prompt()
     ref = hf_reference(target, ids, 40, eos_token_id=None)
-    out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.hf.generate, strategy=strategy,
+    out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, strategy=strategy,
                           strategy_options=OPTIONS.get(strategy), max_new_tokens=40, do_sample=False,
                           eos_token_id=None, pad_token_id=0)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.long
@@ -83,7 +83,7 @@ def test_eos_from_generation_config_as_hf() -> None:
     target.generation_config.eos_token_id = eos
     try:
         ref = hf_reference(target, ids, 30)
-        out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.hf.generate, max_new_tokens=30,
+        out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=30,
                               pad_token_id=0, strategy_options=OPTIONS["dynatree"])
     finally:
         target.generation_config.eos_token_id = old
@@ -99,10 +99,10 @@ def test_generation_arguments_reach_the_engine(monkeypatch: pytest.MonkeyPatch) 
         seen.update(kw, strategy=strategy)
         raise DynaTreeError("recorded")
 
-    monkeypatch.setattr(dynatree.hf, "_engine_generate", record)
+    monkeypatch.setattr(dynatree.integrations.hf, "_engine_generate", record)
     monkeypatch.setattr(target.generation_config, "top_k", 7)
     with pytest.raises(DynaTreeError, match="recorded"):
-        target.generate(prompt(3), assistant_model=draft, custom_generate=dynatree.hf.generate, strategy="linear",
+        target.generate(prompt(3), assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, strategy="linear",
                         strategy_options={"k": 2}, do_sample=True, temperature=0.7, top_p=0.9, max_new_tokens=11,
                         eos_token_id=[5, 6], engine_options={"seed": 3})
     assert seen["strategy"] == "linear" and seen["k"] == 2 and seen["seed"] == 3
@@ -131,7 +131,7 @@ def test_streamer_gets_each_round_before_the_end(route: str) -> None:
     target, draft = pair()
     ids = prompt(5, 4)
     rec = Recorder()
-    where = dynatree.hf.generate if route == "callable" else str(REPO)
+    where = dynatree.integrations.hf.generate if route == "callable" else str(REPO)
     out = target.generate(ids, assistant_model=draft, custom_generate=where, trust_remote_code=True,
                           streamer=rec, max_new_tokens=30, eos_token_id=None, pad_token_id=0,
                           strategy_options=OPTIONS["dynatree"])
@@ -152,7 +152,7 @@ def test_text_iterator_streamer_in_a_thread() -> None:
     box: dict = {}
 
     def work() -> None:
-        box["out"] = target.generate(ids, assistant_model=draft, custom_generate=dynatree.hf.generate,
+        box["out"] = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate,
                                      streamer=streamer, max_new_tokens=40, eos_token_id=None, pad_token_id=0)
 
     thread = threading.Thread(target=work)
@@ -181,10 +181,10 @@ def test_stop_strings_with_the_callable_need_a_tokenizer_source() -> None:
     target, draft = pair()
     ids = prompt(5, 3)
     with pytest.raises(DynaTreeError, match="stop_strings need a tokenizer"):
-        target.generate(ids, assistant_model=draft, custom_generate=dynatree.hf.generate, max_new_tokens=10,
+        target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=10,
                         stop_strings=["x"], tokenizer=tiny_tokenizer(), pad_token_id=0)
     streamer = TextIteratorStreamer(tiny_tokenizer(), skip_prompt=True)
-    out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.hf.generate, max_new_tokens=10,
+    out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=10,
                           stop_strings=["x"], streamer=streamer, eos_token_id=None, pad_token_id=0)
     assert out.shape[1] > 5
 
@@ -204,14 +204,14 @@ def test_unsupported_arguments_are_refused(kwargs: dict, message: str) -> None:
     target, draft = pair()
     # (HF itself refuses num_return_sequences with an assistant model, with a ValueError of one line)
     with pytest.raises(ValueError, match=message) as err:
-        target.generate(prompt(4), assistant_model=draft, custom_generate=dynatree.hf.generate, max_new_tokens=5,
+        target.generate(prompt(4), assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=5,
                         pad_token_id=0, **kwargs)
     assert "\n" not in str(err.value)
 
 
 def test_batches_padding_and_missing_draft_are_refused() -> None:
     target, draft = pair()
-    hf = dynatree.hf.generate
+    hf = dynatree.integrations.hf.generate
     with pytest.raises(DynaTreeError, match="batch size 2"):
         target.generate(torch.cat([prompt(4, 1), prompt(4, 2)]), assistant_model=draft, custom_generate=hf,
                         max_new_tokens=5, pad_token_id=0)

@@ -9,9 +9,9 @@ import torch
 pytest.importorskip("triton")
 
 import dynatree  # noqa: E402
-from dynatree.kernels.hf_attention import register  # noqa: E402
-from dynatree.kernels.tree_attention import block_map, count_blocks, tree_attention, tree_block_counts  # noqa: E402
-from dynatree.tree import TreeBuilder  # noqa: E402
+from dynatree.runtime.kernels.hf_attention import register  # noqa: E402
+from dynatree.runtime.kernels.tree_attention import block_map, count_blocks, tree_attention, tree_block_counts  # noqa: E402
+from dynatree.core.tree import TreeBuilder  # noqa: E402
 from tiny import hf_greedy, perturbed  # noqa: E402
 
 

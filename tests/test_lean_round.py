@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dynatree.engine import StopText
-from dynatree.verify import LazyLogits
+from dynatree.loop.generate import StopText
+from dynatree.core.verify import LazyLogits
 
 
 class CountingHead:

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import dynatree
-import dynatree.engine as engine_module
+import dynatree.loop.generate as engine_module
 from dynatree.policies.base import RoundFeedback
 from dynatree.policies.linear import Linear, LinearConfig
-from dynatree.cache import CachedModel
+from dynatree.runtime.cache import CachedModel
 from dynatree import STRATEGIES
 from tiny import hf_greedy, perturbed, tiny_model
 

@@ -29,11 +29,12 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tiny import tiny_model
 
-from dynatree import gguf, models
+from dynatree.loading import gguf
+from dynatree.loading import models
 from dynatree.catalog import FEATURE_DRAFT
-from dynatree.gguf import gguf_cache_path
+from dynatree.loading.gguf import gguf_cache_path
 from dynatree.errors import DynaTreeError
-from dynatree.models import (
+from dynatree.loading.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     PRESETS,
@@ -362,8 +363,8 @@ def test_resolve_draft_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loaded == [{"spec": "pythia-70m", "dtype": torch.float16, "device": target.device,
                        "attn_implementation": target.config._attn_implementation}]
 
-    without_loader = types.ModuleType("dynatree.distilled")
-    monkeypatch.setitem(sys.modules, "dynatree.distilled", without_loader)
+    without_loader = types.ModuleType("dynatree.drafts.distilled")
+    monkeypatch.setitem(sys.modules, "dynatree.drafts.distilled", without_loader)
     with pytest.raises(DynaTreeError, match="early-exit:8"):
         resolve_draft(DEFAULT_DRAFT, target)
     without_loader.load_distilled_draft = lambda model, folder: ("distilled for", model, folder.name)

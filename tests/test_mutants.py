@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import dynatree
-import dynatree.engine
-import dynatree.verify
-from dynatree.cache import CachedModel
+import dynatree.loop.generate
+import dynatree.core.verify
+from dynatree.runtime.cache import CachedModel
 from tiny import ARCHS, perturbed, tiny_model
 
 CONFIGS = [
@@ -59,10 +59,10 @@ def causal_mask(parent: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
 
 
 MUTANTS = {
-    "bfs-index positions": ("position_ids", dynatree.verify, bfs_positions),
+    "bfs-index positions": ("position_ids", dynatree.core.verify, bfs_positions),
     "commit skips a KV row": ("compact", CachedModel, skip_one_row(CachedModel.compact)),
-    "bonus token dropped": ("_truncate", dynatree.engine, drop_bonus(dynatree.engine._truncate)),
-    "causal instead of tree mask": ("ancestor_matrix", dynatree.verify, causal_mask),
+    "bonus token dropped": ("_truncate", dynatree.loop.generate, drop_bonus(dynatree.loop.generate._truncate)),
+    "causal instead of tree mask": ("ancestor_matrix", dynatree.core.verify, causal_mask),
 }
 
 

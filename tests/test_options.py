@@ -8,7 +8,8 @@ import torch
 from tiny import perturbed, tiny_model
 
 import dynatree
-from dynatree import DynaTreeError, EngineOptions, engines
+from dynatree import DynaTreeError, EngineOptions
+from dynatree.runtime import engines
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,14 @@
-"""The sources on every machine (pydoc, licences) and the two paragraph filters of dynatree.prose:
+"""The sources on every machine (pydoc, licences) and the two paragraph filters of dynatree.text.prose:
 one source of text for the bench and distillation, two filters on purpose."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dynatree import corpora, prose
+from dynatree.text import corpora
+from dynatree.text import prose
 from dynatree.bench.datasets import license_documents
-from dynatree.distill_data import offline_corpus
+from dynatree.training.data import offline_corpus
 
 LICENCE = ("Everyone is permitted to copy and distribute verbatim copies of this license document, but "
            "changing it is not allowed, and the {} text says so in plain words.")

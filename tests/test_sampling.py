@@ -20,10 +20,10 @@ import torch
 from tiny import perturbed, tiny_model
 
 import dynatree
-from dynatree import verify
+from dynatree.core import verify
 from dynatree.errors import DynaTreeError
-from dynatree.sampling import SamplingConfig, draw, target_probs, without
-from dynatree.tree import TreeBuilder
+from dynatree.core.sampling import SamplingConfig, draw, target_probs, without
+from dynatree.core.tree import TreeBuilder
 
 ALPHA = 1e-4
 V = 16

@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import dynatree
-import dynatree.cache
+import dynatree.runtime.cache
 from dynatree import STRATEGIES
-from dynatree.cache import CachedModel, StaticCachedModel
+from dynatree.runtime.cache import CachedModel, StaticCachedModel
 from dynatree.errors import DynaTreeError
-from dynatree.tree import TreeBuilder
-from dynatree.verify import tree_forward
-from dynatree.window import SLIDING, AttentionLayout, attention_layout
+from dynatree.core.tree import TreeBuilder
+from dynatree.core.verify import tree_forward
+from dynatree.runtime.window import SLIDING, AttentionLayout, attention_layout
 from tiny import VOCAB, WINDOW_ARCHS, hf_greedy, perturbed, window_model
 
 OPTIONS: dict[str, dict] = {
@@ -176,7 +176,7 @@ MUTANTS = {
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_window_mutants_are_caught(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     make, archs, window = MUTANTS[mutant]
-    monkeypatch.setattr(dynatree.cache, "layer_masks", make(dynatree.cache.layer_masks))
+    monkeypatch.setattr(dynatree.runtime.cache, "layer_masks", make(dynatree.runtime.cache.layer_masks))
     for arch in archs:
         caught = any(not torch.equal(run(arch, s, window, **o), reference(arch, window))
                      for s, o in [("linear", {"k": 5}), ("fixed", {"depth": 5})])

@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from dynatree import generate
 from dynatree.errors import DynaTreeError
-from dynatree.streaming import StreamingKV, find_rope, rotate
+from dynatree.runtime.streaming import StreamingKV, find_rope, rotate
 from tiny import perturbed, tiny_model
 
 ROPE_ARCHS = ("llama", "neox", "qwen2")

@@ -99,7 +99,7 @@ def test_the_cli_reads_its_names_and_defaults_from_the_catalog() -> None:
 
     from dynatree.catalog import PRESETS, PROMPT_SETS
     from dynatree.cli import app
-    from dynatree.sampling import SamplingConfig
+    from dynatree.core.sampling import SamplingConfig
 
     result = CliRunner().invoke(app, ["list"], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from dynatree.cache import compact
-from dynatree.tree import (
+from dynatree.runtime.cache import compact
+from dynatree.core.tree import (
     TokenTree,
     TreeBuilder,
     ancestor_matrix,
@@ -19,7 +19,7 @@ from dynatree.tree import (
     position_ids,
     validate,
 )
-from dynatree.verify import greedy_accept
+from dynatree.core.verify import greedy_accept
 
 
 @st.composite

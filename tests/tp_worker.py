@@ -21,7 +21,8 @@ from transformers import AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
 
 import dynatree
-from dynatree import distributed, engines
+from dynatree.runtime import distributed
+from dynatree.runtime import engines
 from dynatree.errors import DynaTreeError
 
 PROMPT = [5, 17, 33, 8]

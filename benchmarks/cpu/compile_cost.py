@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from dynatree import models
-from dynatree.cache import StaticCachedModel
-from dynatree.engines import CPU_AUTO_BUCKETS
-from dynatree.models import vocab_size
+from dynatree.loading import models
+from dynatree.runtime.cache import StaticCachedModel
+from dynatree.runtime.engines import CPU_AUTO_BUCKETS
+from dynatree.loading.models import vocab_size
 from dynatree.options import EngineOptions
 
 

@@ -16,7 +16,7 @@ import time
 import torch
 
 import dynatree
-from dynatree import models
+from dynatree.loading import models
 from dynatree.bench.commands import _prompts
 
 

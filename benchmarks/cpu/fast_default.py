@@ -1,6 +1,6 @@
 """Issue 14 on the offline pair, ONE process, configurations interleaved per prompt and repetition:
 
-* the verify-cost profile the auto budget is chosen from (measured by ``dynatree.costmodel``);
+* the verify-cost profile the auto budget is chosen from (measured by ``dynatree.core.costmodel``);
 * autoregressive, DynaTree with the fixed CPU budget of 3 nodes before and after the lean-round
   change (``LazyLogits.BATCH_ROWS`` 0 = one LM-head call per row read, the old behaviour; 4 = one
   call for the whole small tree), and DynaTree with the cost-model budget (``max_nodes`` unset);
@@ -21,10 +21,10 @@ import time
 import torch
 
 import dynatree
-from dynatree import models
+from dynatree.loading import models
 from dynatree.bench.commands import _prompts
 from dynatree.policies import make_policy
-from dynatree.verify import LazyLogits
+from dynatree.core.verify import LazyLogits
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ Every weight matrix of SmolLM2-135M's decoder (30 layers x q, k, v, o, gate, up,
 values of the real shapes, 420 MB fp32, far larger than the caches) is multiplied by M rows:
 
 * ``F.linear``   -- ``x @ W.T``, what ``nn.Linear`` does;
-* ``(W @ x.T).T`` -- :func:`dynatree.kernels.cpu_linear.small_batch_linear` (one row padded to two);
+* ``(W @ x.T).T`` -- :func:`dynatree.runtime.kernels.cpu_linear.small_batch_linear` (one row padded to two);
 
 ``--matrices head`` times the LM head instead (49152 x 576, 113 MB fp32: the head the lazy-logits
 path applies to the rows acceptance reads) and records, per row count, whether ``(W @ x.T).T``
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dynatree.kernels.cpu_linear import small_batch_linear
+from dynatree.runtime.kernels.cpu_linear import small_batch_linear
 
 H, INTER, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 import dynatree
-from dynatree import models
+from dynatree.loading import models
 
 
 def main() -> None:

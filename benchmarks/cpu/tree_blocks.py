@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-import dynatree.engine as engine
-from dynatree import generate, models
+import dynatree.loop.generate as engine
+from dynatree import generate
+from dynatree.loading import models
 from dynatree.bench.datasets import load_prompt_ids
-from dynatree.kernels.tree_attention import tree_block_counts
+from dynatree.runtime.kernels.tree_attention import tree_block_counts
 
 POLICIES = {  # default budgets, as a GPU would run them
     "fixed": {},  # D=8, B=3, tau=0.1, N_max=256

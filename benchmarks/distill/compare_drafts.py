@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 import dynatree
-from dynatree import models
+from dynatree.loading import models
 from dynatree.bench.datasets import load_prompt_ids
-from dynatree.distilled import load_distilled_draft
+from dynatree.drafts.distilled import load_distilled_draft
 
 
 def main() -> None:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from dynatree import models
-from dynatree.cache import CachedModel
-from dynatree.distilled import load_distilled_draft
+from dynatree.loading import models
+from dynatree.runtime.cache import CachedModel
+from dynatree.drafts.distilled import load_distilled_draft
 
 
 def main() -> None:

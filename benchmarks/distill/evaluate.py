@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from dynatree.distill import evaluate
-from dynatree.distill_config import DistillConfig
-from dynatree.distill_data import LabelledData, build_prompts, label_prompts, offline_corpus
-from dynatree.distilled import load_distilled_draft
-from dynatree.models import load_model, make_early_exit_draft
+from dynatree.training.distill import evaluate
+from dynatree.training.config import DistillConfig
+from dynatree.training.data import LabelledData, build_prompts, label_prompts, offline_corpus
+from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.loading.models import load_model, make_early_exit_draft
 
 
 @torch.inference_mode()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from dynatree.distill import evaluate
-from dynatree.distill_data import LabelledData, label_batch
-from dynatree.distilled import load_distilled_draft
-from dynatree.models import load_model
+from dynatree.training.distill import evaluate
+from dynatree.training.data import LabelledData, label_batch
+from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.loading.models import load_model
 
 PROMPTS = [
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg",

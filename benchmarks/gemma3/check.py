@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import dynatree
-from dynatree import models
+from dynatree.loading import models
 from dynatree.bench.datasets import load_prompts
 
 STRATEGIES = {

@@ -70,10 +70,10 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from dynatree.cache import CachedModel, StaticCachedModel
-from dynatree.devices import check_device
-from dynatree.tree import TokenTree, TreeBuilder, ancestor_matrix, dfs_order
-from dynatree.verify import tree_forward
+from dynatree.runtime.cache import CachedModel, StaticCachedModel
+from dynatree.runtime.devices import check_device
+from dynatree.core.tree import TokenTree, TreeBuilder, ancestor_matrix, dfs_order
+from dynatree.core.verify import tree_forward
 
 PYTHIA = {
     "pythia-2.8b": {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 10240,
@@ -383,7 +383,7 @@ def load_trees(path: Path) -> list[tuple[str, TokenTree]]:
 @torch.inference_mode()
 def section_kernel(plan: Plan, sink: Sink, trees_path: Path) -> None:
     """Attention alone over prefix + tree: SDPA (additive mask) vs the kernel, BFS vs DFS order."""
-    from dynatree.kernels.tree_attention import count_blocks, tree_attention
+    from dynatree.runtime.kernels.tree_attention import count_blocks, tree_attention
 
     heads, dim = kernel_shapes(plan)
     recorded = sorted(load_trees(trees_path), key=lambda item: item[1].size)[: plan.kernel_recorded]
@@ -418,8 +418,8 @@ def section_kernel(plan: Plan, sink: Sink, trees_path: Path) -> None:
 @torch.inference_mode()
 def section_kernel_in_model(plan: Plan, sink: Sink) -> None:
     """A whole target verify (hf engine) with SDPA vs the kernel registered as attention, BFS vs DFS."""
-    from dynatree.kernels.hf_attention import register
-    from dynatree.kernels.tree_attention import tree_block_counts
+    from dynatree.runtime.kernels.hf_attention import register
+    from dynatree.runtime.kernels.tree_attention import tree_block_counts
 
     model = random_model(plan, plan.target)
     sizes = [n for n in plan.verify_sizes if n >= 4]
@@ -470,9 +470,9 @@ def e2e_models(plan: Plan, gguf: str | None, draft: str
         g = torch.Generator().manual_seed(1)
         prompts = [torch.randint(2, 128, (plan.e2e_prompt_tokens,), generator=g).tolist() for _ in range(plan.e2e_prompts)]
         return target.to(plan.dtype), dmodel.to(plan.dtype), prompts, "tiny-llama", "tiny-llama-perturbed"
-    from dynatree import models
+    from dynatree.loading import models
     from dynatree.bench.datasets import load_prompt_ids
-    from dynatree.corpora import LICENCES_DIR
+    from dynatree.text.corpora import LICENCES_DIR
     from dynatree.errors import DynaTreeError
 
     if gguf is None:
@@ -538,7 +538,7 @@ def record_trees(plan: Plan, target: torch.nn.Module, draft: torch.nn.Module, pr
                  path: Path) -> None:
     """One run per drafting strategy (hf engine) with tree_forward wrapped to keep every tree's shape."""
     import dynatree
-    from dynatree import engine
+    from dynatree.loop import generate as engine
 
     real = engine.tree_forward
     current: list[list[int]] = []

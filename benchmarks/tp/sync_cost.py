@@ -1,6 +1,6 @@
 """What keeping the ranks in lockstep costs, per round, on the gloo backend (CPU).
 
-Two ways to make every rank take the same random decisions (``dynatree.distributed``):
+Two ways to make every rank take the same random decisions (``dynatree.runtime.distributed``):
 
 * shared stream (what the engine does): rank 0's generator state is broadcast once per run, and
   rank 0's round decision (accepted path + bonus, plus its generator state when the run draws random
@@ -39,7 +39,7 @@ def timed(buf: torch.Tensor) -> float:
 def draws_per_round() -> float:
     """Random draws per round of a sampled DySpec run (24 nodes) on the tiny Llama pair, unsharded."""
     import dynatree
-    from dynatree import sampling
+    from dynatree.core import sampling
     from tiny import perturbed, tiny_model
 
     count = 0
@@ -51,12 +51,12 @@ def draws_per_round() -> float:
         return original(generator)
 
     sampling.uniform = counting
-    dynatree.verify.uniform = counting  # the verifier imported it by name
+    dynatree.core.verify.uniform = counting  # the verifier imported it by name
     target = tiny_model("llama", 0, max_positions=256)
     out = dynatree.generate(target, perturbed(target), torch.tensor([[5, 17, 33, 8]]), "dyspec", max_new_tokens=64,
                             eos_token_id=[], temperature=0.8, seed=0, max_nodes=24)
     sampling.uniform = original
-    dynatree.verify.uniform = original
+    dynatree.core.verify.uniform = original
     return count / out.stats.num_rounds
 
 

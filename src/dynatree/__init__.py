@@ -9,18 +9,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import DynaTreeError
+from dynatree.errors import DynaTreeError
 
 if TYPE_CHECKING:
-    from .engine import generate
-    from .engines import precompile
-    from .options import EngineOptions
-    from .policies import STRATEGIES, make_policy
-    from .stats import GenerationResult, GenerationStats, RoundStats
+    from dynatree.loop.generate import generate
+    from dynatree.runtime.engines import precompile
+    from dynatree.options import EngineOptions
+    from dynatree.policies import STRATEGIES, make_policy
+    from dynatree.core.stats import GenerationResult, GenerationStats, RoundStats
 
 _LAZY = {
-    "generate": "engine", "precompile": "engines", "EngineOptions": "options", "STRATEGIES": "policies", "make_policy": "policies",
-    "GenerationResult": "stats", "GenerationStats": "stats", "RoundStats": "stats",
+    "generate": "dynatree.loop.generate", "precompile": "dynatree.runtime.engines", "EngineOptions": "dynatree.options",
+    "STRATEGIES": "dynatree.policies", "make_policy": "dynatree.policies", "GenerationResult": "dynatree.core.stats",
+    "GenerationStats": "dynatree.core.stats", "RoundStats": "dynatree.core.stats",
 }
 
 __all__ = [
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

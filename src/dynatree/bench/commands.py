@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..catalog import DEFAULT_DRAFT, PROMPT_SETS
-from ..cli_common import TP_HELP, dataclass_flags, engine_flags, friendly_errors, set_threads
-from ..errors import DynaTreeError
-from ..options import EngineOptions
+from dynatree.catalog import DEFAULT_DRAFT, PROMPT_SETS
+from dynatree.cli.common import TP_HELP, dataclass_flags, engine_flags, friendly_errors, set_threads
+from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions
 
 if TYPE_CHECKING:
     import torch
 
-    from .metrics import Summary
-    from .runner import BenchSettings, Prompt
-    from .specs import StrategySpec
+    from dynatree.bench.metrics import Summary
+    from dynatree.bench.runner import BenchSettings, Prompt
+    from dynatree.bench.specs import StrategySpec
 
 DEFAULT_STRATEGIES = "autoregressive,linear,fixed,dynatree,dyspec,hf-assisted"
 STRATEGY_HELP = (
@@ -48,7 +48,7 @@ _PAPER_CAPS = ", ".join(f"{cap} for " + "/".join(n for n, i in PROMPT_SETS.items
 class RunArgs:
     """What bench and sweep both take besides the strategies and the engine (models, prompts, the
     results file, the measurement protocol), declared once: each field is a flag of both commands
-    (:func:`~dynatree.cli_common.dataclass_flags`), which receive them as one ``run`` value."""
+    (:func:`~dynatree.cli.common.dataclass_flags`), which receive them as one ``run`` value."""
 
     target: Annotated[str, Opt(help="Target model: preset, HF id or local path.")] = "smollm2-135m"
     draft: Annotated[str, Opt(help="Draft: preset, HF id, local path, early-exit:K, or 'default'.")] = "default"
@@ -70,7 +70,7 @@ class RunArgs:
 
 def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
             ) -> tuple[torch.nn.Module, torch.nn.Module | None, Any, str | None]:
-    from .. import models
+    from dynatree.loading import models
 
     torch_dtype = models.parse_dtype(dtype)
     tmodel, tokenizer = models.load_model(target, dtype=torch_dtype, device=device)
@@ -82,8 +82,8 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
 
 
 def _prompts(run: RunArgs, tokenizer: Any) -> list[Prompt]:
-    from .datasets import load_prompt_ids
-    from .runner import Prompt
+    from dynatree.bench.datasets import load_prompt_ids
+    from dynatree.bench.runner import Prompt
 
     ids = load_prompt_ids(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, run.seed)
     name = Path(run.dataset).name if ("/" in run.dataset or "." in run.dataset) else run.dataset
@@ -110,7 +110,7 @@ def _settings(run: RunArgs, engine: dict[str, Any], draft_name: str | None, devi
               temperature: float = 0.0) -> BenchSettings:
     import torch
 
-    from .runner import BenchSettings
+    from dynatree.bench.runner import BenchSettings
 
     return BenchSettings(target=run.target, draft=draft_name, dataset=run.dataset, max_new_tokens=max_new_tokens,
                          max_prompt_tokens=run.max_prompt_tokens, dtype=run.dtype, device=device,
@@ -160,7 +160,7 @@ def _run_saving(writer: Any, fn: Any) -> Any:
 
 
 def _finish(outcomes: list[Any], output: Path) -> None:
-    from .metrics import cost_profiles, summarize
+    from dynatree.bench.metrics import cost_profiles, summarize
 
     new = sum(o.new_rows for o in outcomes)
     resumed = sum(o.resumed_rows for o in outcomes)
@@ -191,9 +191,9 @@ def bench(
     tp: Annotated[bool, typer.Option("--tp", help=TP_HELP + " Rank 0 writes --output and prints.")] = False,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
-    from .runner import BenchSettings, run_bench
-    from .specs import parse_strategies
-    from .store import ResultsWriter
+    from dynatree.bench.runner import BenchSettings, run_bench
+    from dynatree.bench.specs import parse_strategies
+    from dynatree.bench.store import ResultsWriter
 
     set_threads(run.threads)
     specs = parse_strategies(strategies)  # validate before loading anything
@@ -204,7 +204,8 @@ def bench(
     needs_draft = any(s.uses_draft for s in specs)
     device, output, progress = run.device, run.output, run.progress
     if tp:
-        from .. import distributed, models
+        from dynatree.runtime import distributed
+        from dynatree.loading import models
 
         tmodel, dmodel, tok, draft_name = distributed.load_tp_pair(run.target, run.draft, needs_draft,
                                                                    models.parse_dtype(run.dtype))
@@ -221,7 +222,7 @@ def bench(
     settings = _settings(run, engine, draft_name, device, run.max_new_tokens, temperature)
     lead = True
     if tp:
-        from ..distributed import rank_output, world_size
+        from dynatree.runtime.distributed import rank_output, world_size
 
         settings.extra["tp_world_size"] = world_size()  # keeps TP rows apart from 1-process ones
         output, lead = rank_output(output, run.overwrite)
@@ -246,10 +247,10 @@ def sweep(
     lengths: Annotated[str | None, typer.Option(help="Generation lengths to repeat the grid at, e.g. 100,200,500 (default: --max-new-tokens).")] = None,
 ) -> None:
     """Sweep a grid of strategy options (resumable: rerun the same command to continue)."""
-    from .runner import BenchSettings
-    from .specs import parse_spec, parse_strategies
-    from .store import ResultsWriter
-    from .sweep import SweepGrid, parse_axis, run_sweep
+    from dynatree.bench.runner import BenchSettings
+    from dynatree.bench.specs import parse_spec, parse_strategies
+    from dynatree.bench.store import ResultsWriter
+    from dynatree.bench.sweep import SweepGrid, parse_axis, run_sweep
 
     set_threads(run.threads)
     engine = BenchSettings.engine_fields(options)
@@ -279,7 +280,7 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Directory for report.md and the PNG figures.")] = Path("report"),
 ) -> None:
     """Turn results JSONL into markdown tables (shaped like the papers') and PNG plots."""
-    from .report import build_report
+    from dynatree.bench.report import build_report
 
     rep = build_report(results, out)
     if rep.skipped:

@@ -6,7 +6,7 @@ Provenance of each set:
   text ``help()`` shows). Always available. Raw topics mix prose with grammar productions
   (``if_stmt ::= ...``), code examples and headings; prompts built from those make a small model
   loop on grammar fragments, so only prose paragraphs are kept: unindented paragraphs that end a
-  sentence, have at least :data:`dynatree.prose.MIN_WORDS` words and few code symbols.
+  sentence, have at least :data:`dynatree.text.prose.MIN_WORDS` words and few code symbols.
 * ``licenses`` — the licence texts Debian ships in ``/usr/share/common-licenses`` (GPL, Apache,
   MPL, ...), deduplicated where one name links to another. Clean legal prose with natural
   continuations. Only on Debian-like systems.
@@ -17,7 +17,7 @@ Provenance of each set:
   runs). The DynaTree paper caps these prompts at 1000 tokens.
 * ``wiki-offline`` — the held-out articles of the offline Wikipedia corpus (106 articles of a 2017
   English Wikipedia dump shipped as test data in PyPI's ``gensim`` wheel; CC BY-SA 3.0,
-  Wikipedia contributors), a WikiText-2 stand-in that needs no hub. See :mod:`dynatree.corpora`.
+  Wikipedia contributors), a WikiText-2 stand-in that needs no hub. See :mod:`dynatree.text.corpora`.
 * ``books-offline`` — the held-out chapters of six Jane Austen novels and *Moby Dick* (Project
   Gutenberg texts in Debian's ``r-cran-janeaustenr`` / ``r-cran-tokenizers``), a PG-19 stand-in.
   Only held-out documents are used, so a draft distilled on the training part (``dynatree
@@ -46,7 +46,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from dynatree import corpora, prose
+from dynatree.text import corpora
+from dynatree.text import prose
 from dynatree.catalog import PROMPT_SETS
 from dynatree.errors import DynaTreeError
 
@@ -114,7 +115,7 @@ def pg19_documents() -> list[prose.Document]:
 
 
 def offline_documents(corpus: str) -> list[prose.Document]:
-    """The held-out documents of an offline corpus of :mod:`dynatree.corpora` as prose runs."""
+    """The held-out documents of an offline corpus of :mod:`dynatree.text.corpora` as prose runs."""
     held = corpora.split(corpora.load(corpus), held_out=True)
     return [document for document in (prose.prose_runs(t.text) for t in held) if document]
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DynaTreeError
-from . import plots
-from .metrics import AR, Agg, Summary, committed_per_round, cost_profiles, summarize, varying_options
-from .store import LoadedResults, load_results
+from dynatree.errors import DynaTreeError
+from dynatree.bench import plots
+from dynatree.bench.metrics import AR, Agg, Summary, committed_per_round, cost_profiles, summarize, varying_options
+from dynatree.bench.store import LoadedResults, load_results
 
 Row = Mapping[str, Any]
 SETUP_KEYS = ("target", "draft", "dtype", "device", "threads", "max_new_tokens", "engine", "compile", "temperature",

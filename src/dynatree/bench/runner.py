@@ -38,15 +38,15 @@ from typing import Any
 
 import torch
 
-from ..devices import sync_clock
-from ..engine import generate
-from ..engines import precompile
-from ..errors import DynaTreeError
-from ..options import EngineOptions
-from ..policies import make_policy
-from .specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, StrategySpec
-from .store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
-from .sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
+from dynatree.runtime.devices import sync_clock
+from dynatree.loop.generate import generate
+from dynatree.runtime.engines import precompile
+from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions
+from dynatree.policies import make_policy
+from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, StrategySpec
+from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
+from dynatree.bench.sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
 
 RowCallback = Callable[[dict[str, Any]], None]
 # BenchSettings' fields that are engine options (kept flat: they are part of every row's key).

@@ -28,10 +28,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cli_common import parse_value
-from ..errors import DynaTreeError
-from ..options import EngineOptions
-from ..policies import make_policy
+from dynatree.cli.common import parse_value
+from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions
+from dynatree.policies import make_policy
 
 HF_ASSISTED = "hf-assisted"
 #: HuggingFace's own greedy ``generate`` (eager, no draft): the baseline a user compares with first.

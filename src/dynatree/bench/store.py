@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DynaTreeError
+from dynatree.errors import DynaTreeError
 
 SCHEMA_VERSION = 1
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from ..cli_common import parse_value
-from ..errors import DynaTreeError
-from .runner import BenchOutcome, BenchSettings, Prompt, RowCallback, run_bench
-from .specs import AUTOREGRESSIVE, StrategySpec, dedupe_labels, format_spec
-from .store import ResultsWriter
+from dynatree.cli.common import parse_value
+from dynatree.errors import DynaTreeError
+from dynatree.bench.runner import BenchOutcome, BenchSettings, Prompt, RowCallback, run_bench
+from dynatree.bench.specs import AUTOREGRESSIVE, StrategySpec, dedupe_labels, format_spec
+from dynatree.bench.store import ResultsWriter
 
 
 def parse_axis(item: str) -> tuple[str, list[Any]]:

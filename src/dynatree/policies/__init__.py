@@ -5,14 +5,14 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from ..errors import DynaTreeError
-from .autoregressive import Autoregressive
-from .base import DraftPolicy, RoundFeedback
-from .dynatree import DynaTree
-from .dyspec import DySpec
-from .dyspec_threshold import DySpecThreshold
-from .fixed import FixedTree
-from .linear import Linear
+from dynatree.errors import DynaTreeError
+from dynatree.policies.autoregressive import Autoregressive
+from dynatree.policies.base import DraftPolicy, RoundFeedback
+from dynatree.policies.dynatree import DynaTree
+from dynatree.policies.dyspec import DySpec
+from dynatree.policies.dyspec_threshold import DySpecThreshold
+from dynatree.policies.fixed import FixedTree
+from dynatree.policies.linear import Linear
 
 STRATEGIES: dict[str, type[DraftPolicy]] = {
     cls.name: cls for cls in (Autoregressive, Linear, FixedTree, DynaTree, DySpec, DySpecThreshold)

@@ -11,9 +11,9 @@ from typing import ClassVar
 
 import torch
 
-from ..draft import Drafter
-from ..tree import TreeBuilder
-from .base import DraftPolicy
+from dynatree.drafts.model import Drafter
+from dynatree.core.tree import TreeBuilder
+from dynatree.policies.base import DraftPolicy
 
 
 @dataclass(frozen=True)

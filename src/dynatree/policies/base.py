@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..draft import Drafter
-from ..errors import DynaTreeError
-from ..tree import TreeBuilder
+from dynatree.drafts.model import Drafter
+from dynatree.errors import DynaTreeError
+from dynatree.core.tree import TreeBuilder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,11 +32,11 @@ from typing import ClassVar
 
 import torch
 
-from ..costmodel import CostProfile, choose_budget
-from ..draft import Drafter
-from ..tree import TreeBuilder
-from ..errors import check
-from .base import DraftPolicy, RoundFeedback, add_top_children
+from dynatree.core.costmodel import CostProfile, choose_budget
+from dynatree.drafts.model import Drafter
+from dynatree.core.tree import TreeBuilder
+from dynatree.errors import check
+from dynatree.policies.base import DraftPolicy, RoundFeedback, add_top_children
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,11 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..draft import Drafter
-from ..sampling import DraftSampler, without
-from ..tree import TreeBuilder
-from ..errors import check
-from .base import DraftPolicy
+from dynatree.drafts.model import Drafter
+from dynatree.core.sampling import DraftSampler, without
+from dynatree.core.tree import TreeBuilder
+from dynatree.errors import check
+from dynatree.policies.base import DraftPolicy
 
 
 @dataclass(frozen=True)

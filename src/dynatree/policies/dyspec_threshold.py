@@ -24,11 +24,11 @@ from typing import ClassVar
 
 import torch
 
-from ..draft import Drafter
-from ..sampling import without
-from ..tree import TreeBuilder
-from ..errors import check
-from .dyspec import SampledTreePolicy
+from dynatree.drafts.model import Drafter
+from dynatree.core.sampling import without
+from dynatree.core.tree import TreeBuilder
+from dynatree.errors import check
+from dynatree.policies.dyspec import SampledTreePolicy
 
 
 @dataclass(frozen=True)

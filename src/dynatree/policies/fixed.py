@@ -17,10 +17,10 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..draft import Drafter
-from ..tree import TreeBuilder
-from ..errors import check
-from .base import DraftPolicy, add_top_children
+from dynatree.drafts.model import Drafter
+from dynatree.core.tree import TreeBuilder
+from dynatree.errors import check
+from dynatree.policies.base import DraftPolicy, add_top_children
 
 
 @dataclass(frozen=True)

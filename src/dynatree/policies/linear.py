@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import torch
 
-from ..draft import Drafter
-from ..tree import TreeBuilder
-from ..errors import check
-from .base import DraftPolicy
+from dynatree.drafts.model import Drafter
+from dynatree.core.tree import TreeBuilder
+from dynatree.errors import check
+from dynatree.policies.base import DraftPolicy
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,277 @@
+"""The ``dynatree`` command line: ``generate`` (and the bench/report/distill commands).
+
+Every user-fixable problem is a :class:`DynaTreeError`, printed as one line on stderr with exit
+code 2 -- no traceback from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dynatree.cli.common import TP_HELP, engine_flags, friendly_errors, parse_options, set_threads
+from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_TEMPERATURE, PRESETS, PROMPT_SETS
+from dynatree.training.config import DistillConfig
+from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+
+DEFAULT_PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
+)
+
+
+@app.callback()
+def _root() -> None:
+    """dynatree: exact tree-based speculative decoding for HuggingFace causal LMs."""
+
+
+def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str,
+              allow_vocab_mismatch: bool = False) -> tuple[Any, Any, Any]:
+    """Target, draft (None when the strategy drafts nothing; "default" = the shipped draft) and tokenizer."""
+    from dynatree.loading import models
+
+    tmodel, tok = models.load_model(target, dtype=dtype, device=device)
+    dmodel = None
+    if uses_draft:
+        dmodel = models.resolve_draft(DEFAULT_DRAFT if draft == "default" else draft, tmodel, dtype=dtype,
+                                      device=device, tokenizer=tok, allow_vocab_mismatch=allow_vocab_mismatch)
+    return tmodel, dmodel, tok
+
+
+@app.command()
+@friendly_errors
+@engine_flags()
+def generate(
+    options: EngineOptions,
+    prompt: Annotated[str, typer.Option(help="Prompt text.")] = DEFAULT_PROMPT,
+    target: Annotated[str, typer.Option(help="Target model: a preset (`dynatree list` shows them), an HF id or a local path.")] = DEFAULT_TARGET,
+    draft: Annotated[str, typer.Option(help=f"Draft model: 'default' ({DEFAULT_DRAFT}), a preset, an HF id, a local path, or early-exit:K.")] = "default",
+    strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable), e.g. -o k=5.")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 | float16 | bfloat16")] = "float32",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (fix it for stable timings).")] = None,
+    truncate_prompt: Annotated[bool, typer.Option(help="Left-truncate a prompt that does not fit the models' positions.")] = False,
+    allow_vocab_mismatch: Annotated[bool, typer.Option(help="Skip the draft/target vocabulary check.")] = False,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (exact); > 0 samples losslessly from the target.")] = 0.0,
+    top_k: Annotated[int | None, typer.Option(help="Top-k on the target distribution (sampling only).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
+    draft_temperature: Annotated[float, typer.Option(help="Temperature DySpec samples draft children at.")] = DRAFT_TEMPERATURE,
+    compare: Annotated[bool, typer.Option("--compare", help="Also run autoregressive decoding on the same prompt and print both speeds and the speedup.")] = False,
+    tp: Annotated[bool, typer.Option("--tp", help=TP_HELP)] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template (instruct models); print only the reply.")] = False,
+    trace: Annotated[str | None, typer.Option(help="Write an HTML page of every round's drafted tree to this path.")] = None,
+) -> None:
+    """Generate text with speculative decoding, streamed as rounds commit it, and print a one-line summary."""
+    import torch
+
+    from dynatree.loading import models
+    from dynatree.runtime.devices import check_device
+    from dynatree.loop.generate import generate as run
+    from dynatree.runtime.engines import precompile
+    from dynatree.policies import make_policy
+
+    set_threads(threads)
+    if not prompt.strip():
+        raise DynaTreeError("empty prompt: --prompt is empty or whitespace only")
+    if max_new_tokens < 1:
+        raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
+    policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
+    torch_dtype = models.parse_dtype(dtype)
+    if tp:  # target sharded over the torchrun processes, draft replicated (dynatree.runtime.distributed)
+        from dynatree.runtime.distributed import load_tp_pair
+
+        tmodel, dmodel, tok, _ = load_tp_pair(target, draft, policy.uses_draft, torch_dtype, allow_vocab_mismatch)
+        device = str(tmodel.device)
+    else:
+        check_device(device, torch_dtype, compile=bool(options.compile))  # before loading anything
+        tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device, allow_vocab_mismatch)
+    from dynatree.integrations.chat import EchoStreamer, chat_eos, chat_prompt
+    from dynatree.runtime.distributed import rank
+
+    eos = None
+    if chat:
+        ids, eos = chat_prompt(tok, [{"role": "user", "content": prompt}]), chat_eos(tmodel, tok)
+    else:
+        ids = tok(prompt, return_tensors="pt").input_ids
+    options = options.resolve(tmodel)
+    common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
+                  allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
+                  seed=seed, draft_temperature=draft_temperature, options=options)
+    if options.compile and options.engine == "static":  # every graph first: neither run's speed includes compiling
+        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, options)
+    main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
+    streamer = EchoStreamer(tok) if main else None  # prints each round's tokens as soon as it commits
+    if main and not chat:
+        typer.echo(prompt, nl=False)
+    try:
+        result = run(tmodel, dmodel, ids, policy, **common, on_round=streamer.on_round if streamer else None,
+                     trace=trace if main else None, tokenizer=tok)
+    finally:
+        if streamer is not None:
+            streamer.end()
+    # --compare: the same prompt autoregressively, on every rank (under torchrun the runs are collective)
+    reference = run(tmodel, None, ids, "autoregressive", **common) if compare else None
+    if not main:
+        return
+    if trace is not None:
+        typer.secho(f"trace: {trace}", err=True)
+    s = result.stats
+    setup = (f"{options.engine}{' compiled' if options.compile else ''} engine | threads {torch.get_num_threads()} | "
+             f"{device} {dtype}")
+    budget = [r.policy_state["budget"] for r in s.rounds if "budget" in r.policy_state]
+    chosen = f" | cost-model budget {sum(budget) / len(budget):.1f} nodes/round" if budget else ""
+    typer.secho(
+        f"[{s.strategy}] {s.new_tokens} tokens in {s.t_total:.2f}s = {s.tokens_per_second:.1f} tok/s | "
+        f"mean L {s.mean_committed:.2f} tokens/round over {s.num_rounds} rounds | "
+        f"acceptance {s.acceptance:.1%}{chosen} | {setup}",
+        fg=typer.colors.CYAN, err=True,
+    )
+    if reference is not None:
+        base = reference.stats
+        same = "" if temperature > 0 else (" | same output" if torch.equal(reference.sequences, result.sequences)
+                                           else " | OUTPUTS DIFFER")
+        typer.secho(
+            f"[compare] {s.strategy} {s.tokens_per_second:.1f} tok/s vs autoregressive "
+            f"{base.tokens_per_second:.1f} tok/s ({base.new_tokens} tokens) = "
+            f"{s.tokens_per_second / max(base.tokens_per_second, 1e-9):.2f}x speedup{same} | {setup}",
+            fg=typer.colors.CYAN, err=True,
+        )
+
+
+@app.command("chat")
+@friendly_errors
+@engine_flags()
+def chat_command(
+    options: EngineOptions,
+    target: Annotated[str, typer.Option(help="Target model (an instruct model with a chat template).")] = "smollm2-135m",
+    draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
+    strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 256,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable).")] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt.")] = None,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (exact); > 0 samples losslessly from the target.")] = 0.0,
+    top_k: Annotated[int | None, typer.Option(help="Top-k on the target distribution (sampling only).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Top-p on the target distribution (sampling only).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 | float16 | bfloat16")] = "float32",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+) -> None:
+    """Chat in the terminal: replies stream as rounds commit; a status line gives each turn's speed
+    and tokens per round. /reset forgets the conversation, /exit (or Ctrl-D) quits."""
+    from dynatree.loading import models
+    from dynatree.integrations.chat import ChatSession, status_line
+    from dynatree.policies import make_policy
+
+    set_threads(threads)
+    if max_new_tokens < 1:
+        raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
+    policy = make_policy(strategy, **parse_options(option))
+    torch_dtype = models.parse_dtype(dtype)
+    tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device)
+    if not getattr(tok, "chat_template", None):
+        raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
+    session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, options=options)
+    typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
+    while True:
+        try:
+            typer.echo("you> ", nl=False)  # on stdout: input()'s own prompt goes to stderr on a tty
+            text = input()
+        except EOFError:
+            typer.echo()
+            break
+        command = text.strip()
+        if command in ("/exit", "/quit"):
+            break
+        if command == "/reset":
+            session.reset()
+            typer.secho("(conversation cleared)", dim=True)
+            continue
+        if not command:
+            continue
+        typer.echo("bot> ", nl=False)
+        result = session.turn(text)
+        typer.secho(status_line(result.stats), fg=typer.colors.CYAN, dim=True)
+
+
+@app.command("list")
+def list_command() -> None:
+    """The model presets (--target, --draft) and prompt sets (dynatree bench --dataset), one line each."""
+    from rich.console import Console
+    from rich.table import Table
+
+    defaults = {DEFAULT_TARGET: "default target", DEFAULT_DRAFT: "default draft"}
+    presets = Table("preset", "kind", "description", title="Model presets (--target, --draft)")
+    for name, preset in PRESETS.items():
+        mark = f" ({defaults[name]})" if name in defaults else ""
+        presets.add_row(name + mark, preset.kind, preset.description)
+    sets = Table("prompt set", "paper's prompt cap", "description", title="Prompt sets (dynatree bench --dataset)")
+    for name, info in PROMPT_SETS.items():
+        sets.add_row(name, str(info.paper_max_prompt_tokens or "-"), info.description)
+    console = Console()
+    console.print(presets)
+    console.print(sets)
+    console.print("Anything else: an HF hub id (org/name) or a local path; a prompt set may also be a .txt/.jsonl file.")
+
+
+@app.command("distill")
+@friendly_errors
+def distill_command(
+    target: str = DEFAULT_TARGET,
+    layers: int = DistillConfig.layers,
+    vocab_subset: int = DistillConfig.vocab_subset,
+    steps: int = DistillConfig.steps,
+    batch: int = DistillConfig.batch,
+    seq_len: int = DistillConfig.seq_len,
+    lr: float = DistillConfig.lr,
+    top_k: int = DistillConfig.top_k,
+    train_sequences: int = DistillConfig.train_sequences,
+    eval_sequences: int = DistillConfig.eval_sequences,
+    seed: int = DistillConfig.seed,
+    corpora: str = DistillConfig.corpora,
+    kind: Annotated[str, typer.Option(help="independent (tokens only) or feature (reads the target's hidden "
+                                           "states, the EAGLE idea)")] = DistillConfig.kind,
+    unroll: Annotated[int, typer.Option(help="feature drafts: tree levels trained per step")] = DistillConfig.unroll,
+    out: Path = Path("distilled-draft"),
+    resume: bool = True,
+    threads: int | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+) -> None:
+    """Distil a small draft model for TARGET from offline prose and the target's own outputs.
+
+    Resumable: rerun the same command after an interruption. The result is written to
+    OUT/final (model.safetensors, config.json, metrics.json); load it with
+    ``dynatree.drafts.distilled.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
+    trains on a GPU (the target in fp32, like on CPU, so labels do not depend on the device's
+    fp16 rounding): labelling is the cost that limits the draft on a CPU.
+    """
+    from dynatree.training.distill import distill_with_target  # torch and transformers only when the command runs
+
+    set_threads(threads)
+    cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
+                        seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
+                        eval_sequences=eval_sequences, seed=seed, corpora=corpora, kind=kind, unroll=unroll)
+    final, metrics = distill_with_target(target, cfg, out=out, resume=resume, device=device, progress=progress)
+    typer.echo(f"draft written to {final}: held-out greedy agreement {metrics['generated']:.1%}, "
+               f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    sys.exit(app())
+
+
+# bench, sweep and report live in bench/commands.py; the CLI registers them (one import direction).
+from dynatree.bench import commands as _bench  # noqa: E402
+
+for _command in (_bench.bench, _bench.sweep, _bench.report):
+    app.command()(_command)

@@ -1,0 +1,276 @@
+"""The tree budget from a measured cost model (Sequoia's hardware-aware tree size).
+
+Speculation pays when the tokens a round commits grow faster than what the round costs. The
+expected number of committed tokens of a tree is 1 (the bonus token) plus the sum over drafted
+nodes of the probability that verification reaches them; DySpec's expected-acceptance values and
+DynaTree's path probabilities both estimate that per node as the draft's path probability
+``exp(cum_logq)``. What a round costs is mostly the target's verify forward, whose time as a function
+of the number of rows is a property of the machine, not of the algorithm: nearly flat up to
+hundreds of rows on a GPU, flat up to a few rows on a CPU and then steep (BLAS kernel switches,
+static-engine bucket padding). Sequoia picks its tree size from a measured curve of that kind;
+here the curve is a :class:`CostProfile` measured once per (model, device, dtype, threads,
+engine) and cached on disk, and :func:`choose_budget` picks the node count that maximises
+
+    (1 + sum of the first n nodes' expected gains) / (verify cost of n + 1 rows + other round costs)
+
+i.e. expected committed tokens per millisecond. The core is a pure function, so tests drive it with
+fake curves; only :func:`measure` touches a clock.
+
+Cache folder: ``$DYNATREE_CACHE_DIR/costmodel`` if the variable is set, else the platform's user
+cache dir (``platformdirs``). Profiling is opt-in: ``DYNATREE_COST_MODEL=on`` (otherwise policies
+use their fixed per-device budget).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dynatree.errors import DynaTreeError
+
+ENV_DIR = "DYNATREE_CACHE_DIR"
+ENV_SWITCH = "DYNATREE_COST_MODEL"
+FORMAT = 1
+CONTEXT = 64  # cached tokens the profile's verify calls attend to (a short prompt)
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Measured verify time (ms, median) of the target for trees of ``rows`` rows (root included).
+
+    ``stepwise``: the engine pads a call to the next measured size (the static engine's buckets),
+    so a size between two measured ones costs the larger one; otherwise costs are interpolated
+    linearly. Past the last measured size the last segment's slope is extended.
+    """
+
+    rows: tuple[int, ...]
+    ms: tuple[float, ...]
+    stepwise: bool = False
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
+        object.__setattr__(self, "ms", tuple(float(m) for m in self.ms))
+        if not self.rows or len(self.rows) != len(self.ms):
+            raise DynaTreeError(f"a cost profile needs one time per row count, got {len(self.rows)} and {len(self.ms)}")
+        if self.rows[0] < 1 or any(b <= a for a, b in zip(self.rows, self.rows[1:])):
+            raise DynaTreeError(f"cost profile rows must be ascending positive integers, got {self.rows}")
+        if any(not math.isfinite(m) or m <= 0 for m in self.ms):
+            raise DynaTreeError(f"cost profile times must be positive and finite, got {self.ms}")
+
+    @property
+    def max_rows(self) -> int:
+        return self.rows[-1]
+
+    def cost(self, rows: int) -> float:
+        """Verify time (ms) of a call of ``rows`` rows."""
+        if rows <= self.rows[0]:
+            return self.ms[0]
+        for i in range(1, len(self.rows)):
+            if rows <= self.rows[i]:
+                if self.stepwise:
+                    return self.ms[i]
+                r0, r1, m0, m1 = self.rows[i - 1], self.rows[i], self.ms[i - 1], self.ms[i]
+                return m0 + (m1 - m0) * (rows - r0) / (r1 - r0)
+        if len(self.rows) == 1:
+            return self.ms[0] * rows / self.rows[0]
+        slope = max((self.ms[-1] - self.ms[-2]) / (self.rows[-1] - self.rows[-2]), 0.0)
+        return self.ms[-1] + slope * (rows - self.rows[-1])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostProfile:
+        if data.get("format") != FORMAT:
+            raise DynaTreeError(f"unknown cost profile format {data.get('format')!r}")
+        return cls(tuple(data["rows"]), tuple(data["ms"]), bool(data.get("stepwise", False)), dict(data.get("meta", {})))
+
+
+# ------------------------------------------------------------------------------ the choice
+def throughput(cost: CostProfile | Callable[[int], float], gains: Sequence[float], n: int,
+               overhead_ms: float = 0.0) -> float:
+    """Expected committed tokens per ms of a round verifying the first ``n`` nodes of ``gains``."""
+    c = cost.cost(n + 1) if isinstance(cost, CostProfile) else float(cost(n + 1))
+    return (1.0 + float(sum(gains[:n]))) / (c + overhead_ms)
+
+
+def choose_budget(cost: CostProfile | Callable[[int], float], gains: Sequence[float], overhead_ms: float = 0.0,
+                  limit: int | None = None) -> int:
+    """How many of the nodes (in the order given) a round should verify: the ``n`` in
+    ``[0, len(gains)]`` that maximises expected committed tokens per ms, the smallest on ties.
+
+    ``gains[i]`` is node i's expected gain (the probability verification accepts it). The argmax
+    runs over every prefix rather than stopping at the first drop, so a cost step (a bucket
+    boundary) that the nodes after it pay back does not end the tree early. ``overhead_ms`` is
+    the rest of the round (drafting, committing): the larger it is, the cheaper extra rows look.
+    """
+    if overhead_ms < 0 or not math.isfinite(overhead_ms):
+        raise DynaTreeError(f"overhead_ms must be finite and >= 0, got {overhead_ms}")
+    top = len(gains) if limit is None else min(len(gains), limit)
+    best, best_n, total = -1.0, 0, 1.0
+    for n in range(top + 1):
+        if n:
+            total += float(gains[n - 1])
+        c = cost.cost(n + 1) if isinstance(cost, CostProfile) else float(cost(n + 1))
+        value = total / (c + overhead_ms)
+        if value > best * (1 + 1e-9):
+            best, best_n = value, n
+    return best_n
+
+
+def max_useful_nodes(cost: CostProfile, overhead_ms: float = 0.0, certainty: float = 1.0) -> int:
+    """The most nodes worth drafting if every node were accepted with probability ``certainty``:
+    no realistic tree should be bigger, which caps the drafting work of a round."""
+    return choose_budget(cost, [certainty] * (cost.max_rows - 1), overhead_ms)
+
+
+# ------------------------------------------------------------------------ on-disk profiles
+def cache_dir() -> Path:
+    """Where profiles live: ``$DYNATREE_CACHE_DIR/costmodel`` or the user cache dir."""
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("dynatree")
+    return Path(root) / "costmodel"
+
+
+def enabled() -> bool:
+    """Opt-in (``DYNATREE_COST_MODEL=on``) until the measured budget beats the fixed one: on the
+    benchmark CPU it did not yet (1.43x vs 1.69x over autoregressive, benchmarks/cpu/README.md)."""
+    return os.environ.get(ENV_SWITCH, "off").strip().lower() in ("on", "1", "true", "yes")
+
+
+def model_identity(model: torch.nn.Module) -> dict[str, Any]:
+    """What distinguishes one model's cost from another's: name, class, size, a weight fingerprint."""
+    params = list(model.parameters())
+    first = params[0].detach().flatten()[:64].float().cpu()
+    return {
+        "name": str(getattr(getattr(model, "config", None), "_name_or_path", "") or ""),
+        "class": type(model).__name__,
+        "params": int(sum(p.numel() for p in params)),
+        "fingerprint": round(float(first.abs().sum()), 6),
+    }
+
+
+def profile_key(model: torch.nn.Module, engine: str, compile: bool | str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the verify cost depends on: model, device, dtype, threads, engine, compilation."""
+    p = next(model.parameters())
+    return {"model": model_identity(model), "device": str(p.device), "dtype": str(p.dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads(), "engine": engine, "compile": compile, "torch": torch.__version__,
+            **(extra or {})}
+
+
+def _path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return cache_dir() / f"{digest}.json"
+
+
+def load(key: dict[str, Any]) -> CostProfile | None:
+    """The cached profile for ``key``, or None (missing, unreadable or of another format)."""
+    path = _path(key)
+    try:
+        return CostProfile.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, DynaTreeError):
+        return None
+
+
+def save(key: dict[str, Any], profile: CostProfile) -> Path:
+    path = _path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    data = profile.to_json()
+    data["meta"] = {**data["meta"], "key": key}
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)  # atomic: two processes profiling at once cannot leave a torn file
+    return path
+
+
+# ------------------------------------------------------------------------------ measuring
+def default_sizes(device: str, buckets: Sequence[int] | None) -> tuple[int, ...]:
+    """Row counts to time. A bucketed engine costs the same inside a bucket: time the buckets."""
+    top = 256 if device == "cuda" else 32
+    if buckets:
+        return tuple(b for b in buckets if b <= top) or (min(buckets),)
+    if device == "cuda":
+        return (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    return (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+
+
+def measure(kv: Any, sizes: Sequence[int], lazy_head: bool, reps: int = 3,
+            clock: Callable[[], float] | None = None) -> CostProfile:
+    """Time a verify (the engine's own ``tree_forward``) of chains of ``sizes`` rows after a short
+    context, one warm-up call per size (which also compiles a compiled engine's graphs) and
+    ``reps`` timed rounds over all sizes, interleaved so a load change hits every size alike.
+    The median per size is kept. Leaves ``kv`` empty."""
+    from dynatree.core.tree import TreeBuilder
+    from dynatree.core.verify import tree_forward
+
+    from dynatree.runtime.devices import sync_clock
+
+    tick = clock or sync_clock(kv.device)
+    kv.prefill([0] * CONTEXT)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+
+    def once(n: int) -> float:
+        b = TreeBuilder(0)
+        for i in range(n - 1):
+            b.add(i, 0, 0.0)
+        tree = b.freeze()
+        t0 = tick()
+        logits, _ = tree_forward(kv, tree, "bfs", lazy_head)
+        _ = logits[0]  # the head of the root row, as acceptance reads at least that
+        t = tick() - t0
+        kv.compact(CONTEXT, [])
+        return t
+
+    for n in sizes:
+        once(n)
+    for _ in range(reps):
+        for n in sizes:
+            times[n].append(once(n))
+    _empty(kv)
+    return CostProfile(tuple(sizes), tuple(1e3 * statistics.median(times[n]) for n in sizes),
+                       stepwise=kv.engine == "static", meta={"reps": reps, "context": CONTEXT,
+                                                             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def _empty(kv: Any) -> None:
+    if hasattr(kv, "reset"):
+        kv.reset()
+    else:
+        kv.compact(0, [])
+
+
+
+def profile_for(kv: Any, model: torch.nn.Module, engine: str, compile: bool | str, lazy_head: bool,
+                buckets: Sequence[int] | None = None, cpu_linear: bool | None = None,
+                log: Callable[[str], None] | None = None) -> CostProfile | None:
+    """The cached profile of this (model, device, dtype, threads, engine) or a fresh measurement
+    (saved for next time); None when profiling is switched off."""
+    if not enabled():
+        return None
+    key = profile_key(model, engine, compile, {"lazy_head": lazy_head, "buckets": list(buckets) if buckets else None,
+                                               "cpu_linear": cpu_linear})
+    profile = load(key)
+    if profile is None:
+        if log is not None:
+            log("dynatree: measuring the target's verify cost per tree size (once for this model and machine)...")
+        sizes = default_sizes(kv.device.type, getattr(kv, "buckets", None) if kv.engine == "static" else None)
+        profile = measure(kv, sizes, lazy_head)
+        try:
+            save(key, profile)
+        except OSError:
+            pass  # a read-only cache dir only costs a re-measurement next time
+    return profile

@@ -1,0 +1,170 @@
+"""Acceptance: which drafted path the target agrees with, and the token it adds.
+
+``target_logits[i]`` is the target's prediction after the root-to-node-i path, computed by the
+single tree-masked verify pass.
+
+Greedy (temperature 0): walk from the root, each step taking the child whose token equals the
+target's argmax at the current node; the target's argmax at the last node reached is the bonus
+token. Since the argmax is unique, at most one child can match, so the path is unique (if a policy
+ever adds two equal siblings, the first one wins).
+
+Sampling (temperature > 0), :func:`sample_accept`: multi-draft recursive rejection sampling
+(SpecInfer/Sequoia; DySpec Alg. 3 with its typo fixed: c ~ U(0, 1), not N(0, 1)). At the current
+node R starts as the target distribution p; each child x in creation order is a draft drawn from D:
+
+* sampled children (DySpec): D = the draft distribution the siblings were sampled from, with the
+  earlier siblings removed and renormalised (sampling without replacement);
+* deterministic children (top-B of the fixed tree / DynaTree, linear's greedy chain): D = the point
+  mass on x (q = 1), since the child was chosen by a rule, not drawn.
+
+Accept x with probability min(1, R[x] / D[x]) and descend; otherwise R <- norm(max(R - D, 0)) (for a
+point mass: R[x] <- 0, renormalised) and try the next sibling. When every child fails the round's
+last token is drawn from R; at a fully accepted leaf it is drawn from p there (the bonus token;
+Alg. 3 leaves this case undefined, Sequoia samples from the target). Each step outputs exactly R
+whatever D is (the standard rejection-sampling identity applied recursively), so the committed
+tokens follow the target distribution for any tree, deterministic or sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dynatree.runtime.cache import KVModel
+from dynatree.core.sampling import SamplingConfig, draw, target_probs, uniform, without
+from dynatree.core.tree import TokenTree, ancestor_matrix, children_lists, dfs_order, position_ids
+
+
+class LazyLogits:
+    """Target logits per tree node, computed from the final hidden states only when read.
+
+    Acceptance reads the logits of the nodes on its walk (about L of them), not of every node.
+    On a CPU the LM head over a large vocabulary is a big share of a forward (SmolLM2: 49152 x 576,
+    about a fifth of a one-token step per node), so computing it for only those rows saves most of
+    a wide tree's head cost. On a GPU reading the head's weights once for all rows is cheaper, so
+    the engine uses full logits there.
+    """
+
+    # A tree of at most this many rows gets the head of all its rows in ONE call on the first read:
+    # with the few-row linear layout (kernels/cpu_linear.py) 2-4 rows cost what one row costs, and
+    # the greedy walk reads L rows (L = committed tokens, about 1.4 for the CPU's small trees), so
+    # one batched call replaces L memory-bound passes over the head's weights.
+    BATCH_ROWS = 4
+
+    def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
+                 eager: bool = False) -> None:
+        self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
+        self._rows: dict[int, torch.Tensor] = {}
+        # eager: every row's head in one call now (a GPU reads the head's weights once for all rows)
+        self._all: torch.Tensor | None = head(hidden)[:, :vocab_size].float() if eager else None
+
+    def __len__(self) -> int:
+        return int(self.hidden.shape[0])
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        if self._all is None and len(self) <= self.BATCH_ROWS:
+            self._all = self.head(self.hidden)[:, : self.vocab_size].float()
+        if self._all is not None:
+            return self._all[node]
+        row = self._rows.get(node)
+        if row is None:
+            row = self._rows[node] = self.head(self.hidden[node])[: self.vocab_size].float()
+        return row
+
+
+def greedy_accept(tree: TokenTree, target_logits: torch.Tensor | LazyLogits) -> tuple[list[int], int]:
+    """Return (accepted drafted nodes in path order, bonus token).
+
+    Walks from the root: at each node the target's argmax either names a child (descend) or is the
+    bonus token (stop). Only the nodes on the walk are read, which is what lets
+    :class:`LazyLogits` skip the others.
+    """
+    kids = children_lists(tree.parent)
+    tokens = tree.tokens.tolist()
+    path: list[int] = []
+    node = 0
+    while True:
+        best = int(target_logits[node].argmax())
+        node = next((c for c in kids[node] if tokens[c] == best), -1)
+        if node < 0:
+            return path, best
+        path.append(node)
+
+
+def sample_accept(
+    tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Lossless acceptance at ``cfg.temperature > 0``: (accepted drafted nodes in path order, last token)."""
+    kids = children_lists(tree.parent)
+    tokens = tree.tokens.tolist()
+    path: list[int] = []
+    node = 0
+    while True:
+        r = target_probs(target_logits[node], cfg)
+        d = tree.child_q[node] if tree.child_q is not None else None
+        if d is not None:
+            d = d.to(r.device)  # the draft may live on another device than the target
+        accepted = None
+        for child in kids[node]:
+            x = tokens[child]
+            q = float(d[x]) if d is not None else 1.0
+            if uniform(generator) * q < float(r[x]):
+                accepted = child
+                break
+            r = residual(r, d, x)
+            if d is not None:
+                d = without(d, x)
+                if d is None:  # the draft's support is used up: no later sibling can exist
+                    break
+        if accepted is None:
+            return path, draw(r, generator)
+        path.append(accepted)
+        node = accepted
+
+
+def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
+    """Target residual after draft ``x`` ~ ``d`` (None: point mass on x) was rejected: norm(max(r - d, 0)).
+
+    Guard for 0/0: max(r - d, 0) is all zero only if r <= d everywhere, i.e. r == d, where the
+    rejection has probability 0 and can only come from float rounding; removing x from r is then
+    the residual of the (equal) point-mass view, and if r is (up to rounding) the point mass on x,
+    r itself is the only distribution consistent with the target.
+    """
+    if d is not None:
+        rest = (r - d).clamp_(min=0)
+        mass = float(rest.sum())
+        if mass > 0:
+            return rest / mass
+    out = without(r, x)
+    return out if out is not None else r
+
+
+def tree_forward(
+    kv: KVModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False, keep_hidden: bool = False
+) -> tuple[torch.Tensor | LazyLogits, torch.Tensor]:
+    """ONE target forward over every tree node; returns (logits ``[n, V]``, cache rows ``[n]``).
+
+    Each node sees the cached prefix, its ancestors and itself, at position ``prefix_len + depth``.
+    ``order="dfs"`` feeds the nodes in depth-first order (DySpec App. C) so the tree mask is
+    block-sparse-friendly for the Triton kernel; logits come back in tree order either way, and
+    ``rows[i]`` is the cache row that node i's keys/values were written to. ``lazy_head`` returns
+    :class:`LazyLogits` (LM head applied per node on demand) instead of a full tensor;
+    ``keep_hidden`` returns :class:`LazyLogits` too, with every row's logits computed at once
+    unless ``lazy_head``, so that ``.hidden`` holds the nodes' features for a feature draft.
+    """
+    prefix = kv.length
+    visible = ancestor_matrix(tree.parent, tree.depth)
+    positions = position_ids(tree.depth, prefix)[0]
+    if order == "bfs":
+        perm, rank = None, torch.arange(tree.size)
+    else:
+        perm = dfs_order(tree.parent)
+        rank = torch.empty_like(perm)
+        rank[perm] = torch.arange(tree.size)
+    args = (tree.tokens, positions, visible) if perm is None else (tree.tokens[perm], positions[perm], visible[perm][:, perm])
+    if lazy_head or keep_hidden:
+        hidden = kv.forward_hidden(*args, prefix)
+        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size, eager=not lazy_head), rank + prefix
+    logits = kv.forward(*args, prefix)
+    return logits[rank.to(logits.device)], rank + prefix

@@ -1,0 +1,101 @@
+"""Streaming text and a terminal chat loop on top of :func:`dynatree.generate`.
+
+Text is printed as each round commits it (through the engine's ``on_round`` hook and HF's
+``TextStreamer``, which holds back incomplete words and multi-byte characters), so the speculative
+rounds are visible as bursts of several tokens. Chat prompts go through the tokenizer's own chat
+template, the format an instruct model was trained on.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+import torch
+from transformers import TextStreamer
+
+from dynatree.loop.generate import generate
+from dynatree.errors import DynaTreeError
+from dynatree.policies import DraftPolicy
+from dynatree.core.stats import GenerationResult, GenerationStats, RoundEvent
+
+
+class EchoStreamer(TextStreamer):
+    """HF's ``TextStreamer`` writing to a chosen stream (default stdout), fed round by round."""
+
+    def __init__(self, tokenizer: Any, out: TextIO | None = None, **decode_kwargs: Any) -> None:
+        super().__init__(tokenizer, skip_prompt=False, skip_special_tokens=True, **decode_kwargs)
+        self.out = out
+
+    def on_round(self, event: RoundEvent) -> None:
+        """``generate(on_round=...)`` hook: push the round's committed tokens."""
+        self.put(torch.tensor(event.tokens, dtype=torch.long))
+
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        out = self.out or sys.stdout
+        out.write(text + ("\n" if stream_end else ""))
+        out.flush()
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template, ready for the reply."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DynaTreeError("this tokenizer has no chat template; drop --chat or use an instruct/chat model")
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return list(enc["input_ids"])
+
+
+def chat_eos(target: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """Stop tokens for a reply: the model's generation_config EOS plus the tokenizer's (the
+    end-of-turn token), since chat templates end a turn with the tokenizer's EOS."""
+    eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    ids = set([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def status_line(stats: GenerationStats) -> str:
+    """One line per turn: speed and tokens per round (what speculation buys)."""
+    return (f"[{stats.strategy}] {stats.new_tokens} tokens in {stats.t_total:.2f}s = "
+            f"{stats.tokens_per_second:.1f} tok/s | {stats.mean_committed:.2f} tokens/round over "
+            f"{stats.num_rounds} rounds | acceptance {stats.acceptance:.0%}")
+
+
+class ChatSession:
+    """A conversation with the target, one :func:`dynatree.generate` call per turn.
+
+    Each turn runs the whole conversation again from the chat template (the engine keeps no cache
+    between calls); long conversations are left-truncated to the models' positions.
+    """
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None, tokenizer: Any,
+                 strategy: str | DraftPolicy = "dynatree", *, system: str | None = None,
+                 out: TextIO | None = None, max_new_tokens: int = 256, **options: Any) -> None:
+        self.target, self.draft, self.tokenizer, self.strategy = target, draft, tokenizer, strategy
+        self.system, self.out, self.max_new_tokens, self.options = system, out, max_new_tokens, options
+        self.messages: list[dict[str, str]] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (keeps the system prompt)."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def turn(self, text: str) -> GenerationResult:
+        """Send one user message; the reply is streamed to ``out`` and kept in the history."""
+        self.messages.append({"role": "user", "content": text})
+        ids = chat_prompt(self.tokenizer, self.messages)
+        streamer = EchoStreamer(self.tokenizer, self.out)
+        try:
+            result = generate(self.target, self.draft, ids, self.strategy, max_new_tokens=self.max_new_tokens,
+                              eos_token_id=chat_eos(self.target, self.tokenizer), truncate_prompt=True,
+                              tokenizer=self.tokenizer, on_round=streamer.on_round, **self.options)
+        except BaseException:
+            self.messages.pop()  # the turn did not happen
+            raise
+        finally:
+            streamer.end()
+        new = result.sequences[0, result.sequences.shape[1] - result.stats.new_tokens:]
+        reply = self.tokenizer.decode(new, skip_special_tokens=True)
+        self.messages.append({"role": "assistant", "content": reply.strip()})
+        return result

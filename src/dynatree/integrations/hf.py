@@ -1,0 +1,259 @@
+"""Tree speculation behind HF's own ``generate``: ``model.generate(..., custom_generate=...)``.
+
+transformers 5.x lets ``GenerationMixin.generate`` hand its decoding loop to a user function, in
+two ways that call it differently:
+
+* ``custom_generate=dynatree.integrations.hf.generate`` (a callable): HF first merges ``generation_config``
+  with the keyword arguments, builds its logits processors and stopping criteria, puts the prompt
+  into the streamer, then calls the function like its own ``_sample(model, input_ids, ...)``. It
+  passes on only arguments the function declares that ``_sample`` lacks, and it *drops*
+  ``assistant_model``, ``streamer`` and ``tokenizer`` on the way. We read the first two back
+  from HF's ``generate`` frame (they are its named parameters); ``tokenizer`` is gone, so for
+  ``stop_strings`` we fall back to the streamer's tokenizer.
+* ``custom_generate="path/to/this/repository"`` (with ``trust_remote_code=True``): HF loads
+  ``custom_generate/generate.py``, which re-exports this function, and calls it with *all* of
+  ``generate``'s raw arguments. We then run HF's ``generate`` ourselves with a closure as the
+  callable, so the same preparation applies and nothing is dropped.
+
+Both end in :func:`dynatree.generate`, the one decoding loop. What that loop cannot reproduce
+exactly (beams, batches, repetition penalties, ...) is refused with one line, not ignored.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from os import PathLike
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, GenerationMixin
+from transformers.generation import logits_process as lp
+from transformers.generation import stopping_criteria as sc
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from dynatree.loop.generate import generate as _engine_generate
+from dynatree.errors import DynaTreeError
+from dynatree.policies import DraftPolicy
+from dynatree.core.stats import GenerationStats, RoundEvent
+
+# Processors HF builds from do_sample/temperature/top_k/top_p: the engine applies the same settings
+# itself (read from generation_config), so these are the only ones allowed in the list.
+_SAMPLING_WARPERS = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper)
+# Stopping criteria the engine reproduces: max_length/max_new_tokens, eos_token_id, stop_strings.
+_OWN_CRITERIA = (sc.MaxLengthCriteria, sc.EosTokenCriteria, sc.StopStringCriteria)
+# The generate argument a processor usually comes from, for the refusal message.
+_PROCESSOR_ARGS = {
+    "RepetitionPenaltyLogitsProcessor": "repetition_penalty",
+    "MinLengthLogitsProcessor": "min_length / min_new_tokens",
+    "MinNewTokensLengthLogitsProcessor": "min_new_tokens",
+    "NoRepeatNGramLogitsProcessor": "no_repeat_ngram_size",
+    "NoBadWordsLogitsProcessor": "bad_words_ids",
+    "SequenceBiasLogitsProcessor": "sequence_bias",
+    "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale / negative_prompt_ids",
+    "ClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
+    "TypicalLogitsWarper": "typical_p",
+    "MinPLogitsWarper": "min_p",
+    "EpsilonLogitsWarper": "epsilon_cutoff",
+    "EtaLogitsWarper": "eta_cutoff",
+    "TopHLogitsWarper": "top_h",
+    "ForcedBOSTokenLogitsProcessor": "forced_bos_token_id",
+    "ForcedEOSTokenLogitsProcessor": "forced_eos_token_id",
+    "SuppressTokensLogitsProcessor": "suppress_tokens",
+    "SuppressTokensAtBeginLogitsProcessor": "begin_suppress_tokens",
+    "InfNanRemoveLogitsProcessor": "remove_invalid_values",
+    "WatermarkLogitsProcessor": "watermarking_config",
+    "SynthIDTextWatermarkLogitsProcessor": "watermarking_config",
+}
+_SUPPORTED = ("do_sample, temperature, top_k, top_p, max_new_tokens/max_length, eos_token_id, "
+              "stop_strings, streamer, return_dict_in_generate")
+
+
+@dataclass
+class DynaTreeGenerateOutput(GenerateDecoderOnlyOutput):
+    """HF's ``GenerateDecoderOnlyOutput`` (``sequences``; scores/logits/attentions are None)
+    plus ``stats``: dynatree's per-round statistics of the run."""
+
+    stats: GenerationStats | None = None
+
+
+def generate(
+    model: Any,
+    inputs: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor: Any = None,
+    stopping_criteria: Any = None,
+    prefix_allowed_tokens_fn: Any = None,
+    synced_gpus: bool | None = None,
+    assistant_model: torch.nn.Module | None = None,
+    streamer: Any = None,
+    negative_prompt_ids: torch.Tensor | None = None,
+    negative_prompt_attention_mask: torch.Tensor | None = None,
+    *,
+    strategy: str | DraftPolicy = "dynatree",
+    strategy_options: dict[str, Any] | None = None,
+    engine_options: dict[str, Any] | None = None,
+    trace: str | PathLike | None = None,
+    stop_strings: str | list[str] | None = None,
+    tokenizer: Any = None,
+    **kwargs: Any,
+) -> torch.LongTensor | DynaTreeGenerateOutput:
+    """``model.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, ...)``.
+
+    Takes the usual ``generate`` arguments (and a ``generation_config``) with HF's precedence, plus:
+
+    Args:
+        strategy: ``"dynatree"`` (default), ``"linear"``, ``"fixed"``, ``"dyspec"``,
+            ``"dyspec-threshold"``, ``"autoregressive"``, or a policy object.
+        strategy_options: the strategy's config fields, e.g. ``{"k": 4}`` for ``linear``. A dict
+            rather than loose keywords because HF treats unknown keywords as model inputs.
+        engine_options: further :func:`dynatree.generate` arguments (``engine``, ``seed``,
+            ``draft_temperature``, ``tree_order``, ``kv_window``, ...).
+        trace: write the HTML trace of every round's tree to this path.
+
+    Returns:
+        What HF returns: the ``LongTensor`` of sequences (with the run's statistics as its
+        ``.stats`` attribute), or with ``return_dict_in_generate=True`` a
+        :class:`DynaTreeGenerateOutput` (a ``GenerateDecoderOnlyOutput`` with ``.stats``).
+    """
+    ours = dict(strategy=strategy, strategy_options=strategy_options, engine_options=engine_options, trace=trace)
+    hf_frame = _calling_generate(model)
+    if hf_frame is not None:
+        # Called by HF as its decoding method: everything is prepared, some arguments were dropped.
+        assistant_model = assistant_model if assistant_model is not None else hf_frame.get("assistant_model")
+        streamer = streamer if streamer is not None else hf_frame.get("streamer")
+        if tokenizer is None:
+            tokenizer = getattr(streamer, "tokenizer", None)
+        return _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs,
+                    assistant_model, streamer, tokenizer, stop_strings, **ours)
+
+    # Raw generate() arguments (the custom_generate/ folder, or a direct call): let HF prepare them,
+    # with a closure that keeps what its callable path would drop.
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]
+
+    def decode(model: Any, input_ids: torch.Tensor, logits_processor: Any = None, stopping_criteria: Any = None,
+               generation_config: GenerationConfig | None = None, **model_kwargs: Any) -> Any:
+        return _run(model, input_ids, generation_config, logits_processor, stopping_criteria, model_kwargs,
+                    assistant_model, streamer, tokenizer, stop_strings, **ours)
+
+    return GenerationMixin.generate(
+        model, inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
+        synced_gpus, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
+        negative_prompt_attention_mask=negative_prompt_attention_mask, custom_generate=decode, **kwargs,
+    )
+
+
+def _calling_generate(model: Any) -> dict[str, Any] | None:
+    """Locals of the HF ``generate`` call that invoked us as a *callable* ``custom_generate``.
+
+    Identified by its own locals (``self`` is our model, ``custom_generate`` a callable) rather than
+    by code object, so models that override ``generate`` and call ``super()`` are found too. When
+    HF loaded us from the ``custom_generate/`` folder, that local is a string: raw arguments.
+    """
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        local = frame.f_locals
+        if (frame.f_code.co_name == "generate" and local.get("self") is model
+                and callable(local.get("custom_generate")) and not isinstance(local.get("custom_generate"), str)):
+            return local
+        frame = frame.f_back
+    return None
+
+
+def _run(
+    model: Any,
+    input_ids: torch.Tensor,
+    config: GenerationConfig,
+    processors: Any,
+    criteria: Any,
+    model_kwargs: dict[str, Any],
+    draft: torch.nn.Module | None,
+    streamer: Any,
+    tokenizer: Any,
+    stop_strings: str | list[str] | None,
+    *,
+    strategy: str | DraftPolicy,
+    strategy_options: dict[str, Any] | None,
+    engine_options: dict[str, Any] | None,
+    trace: str | PathLike | None,
+) -> torch.LongTensor | DynaTreeGenerateOutput:
+    """The prepared call: refuse what the engine cannot reproduce, run it, shape the result as HF."""
+    _refuse_unsupported(model, input_ids, config, processors, criteria, model_kwargs)
+    if draft is None and strategy != "autoregressive":
+        raise DynaTreeError(f"strategy {strategy!r} needs a draft model: pass assistant_model=draft to generate()")
+    if stop_strings and tokenizer is None:
+        raise DynaTreeError("stop_strings need a tokenizer, and transformers does not pass tokenizer= on to a "
+                            "custom_generate callable: pass a TextStreamer (its tokenizer is used) or use the "
+                            "custom_generate/ folder")
+    max_new = int(config.max_length) - int(input_ids.shape[1])
+    if max_new < 1:
+        raise DynaTreeError(f"nothing to generate: max_length {config.max_length} <= prompt length {input_ids.shape[1]}")
+    eos = config.eos_token_id
+    sampling = {"temperature": 0.0}
+    if config.do_sample:
+        sampling = {"temperature": float(config.temperature), "top_k": config.top_k, "top_p": config.top_p}
+    def put(event: RoundEvent) -> None:
+        streamer.put(torch.tensor(event.tokens, dtype=torch.long))
+    on_round = put if streamer is not None else None
+    try:
+        result = _engine_generate(
+            model, draft, input_ids, strategy, max_new_tokens=max_new, eos_token_id=[] if eos is None else eos,
+            stop_strings=stop_strings or None, tokenizer=tokenizer, on_round=on_round, trace=trace,
+            **sampling, **(engine_options or {}), **(strategy_options or {}),
+        )
+    finally:
+        if streamer is not None:
+            streamer.end()
+    sequences = result.sequences.to(input_ids.device)
+    if config.return_dict_in_generate:
+        return DynaTreeGenerateOutput(sequences=sequences, stats=result.stats)
+    sequences.stats = result.stats  # type: ignore[attr-defined]  # a LongTensor, as HF returns, plus stats
+    return sequences
+
+
+def _refuse_unsupported(model: Any, input_ids: torch.Tensor, config: GenerationConfig, processors: Any,
+                        criteria: Any, model_kwargs: dict[str, Any]) -> None:
+    """One clear line for anything whose output the engine would not reproduce exactly."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise DynaTreeError("encoder-decoder models are not supported by dynatree (decoder-only causal LMs only)")
+    checks = [
+        ((config.num_beams or 1) > 1, f"beam search (num_beams={config.num_beams})"),
+        ((config.num_return_sequences or 1) > 1, f"num_return_sequences={config.num_return_sequences}"),
+        (getattr(config, "penalty_alpha", None) is not None, "contrastive search (penalty_alpha)"),
+        (getattr(config, "prompt_lookup_num_tokens", None) is not None, "prompt_lookup_num_tokens"),
+        (bool(getattr(config, "output_scores", False) or getattr(config, "output_logits", False)),
+         "output_scores / output_logits"),
+        (bool(config.output_attentions or config.output_hidden_states), "output_attentions / output_hidden_states"),
+        (model_kwargs.get("inputs_embeds") is not None, "inputs_embeds"),
+    ]
+    for bad, what in checks:
+        if bad:
+            raise DynaTreeError(f"{what} is not supported by dynatree custom_generate; supported: {_SUPPORTED}")
+    # After the beam checks: HF has already repeated the prompt num_beams times.
+    if input_ids.shape[0] != 1:
+        raise DynaTreeError(f"batch size {input_ids.shape[0]} > 1 is not supported by dynatree; "
+                            "call generate once per prompt")
+    if input_ids.shape[1] == 0:
+        raise DynaTreeError("dynatree needs input_ids (inputs_embeds without ids are not supported)")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise DynaTreeError("a padded attention_mask is not supported by dynatree (batch size 1, no padding)")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+        raise DynaTreeError("a filled past_key_values is not supported by dynatree (it keeps its own caches)")
+    for proc in processors or []:
+        if not isinstance(proc, _SAMPLING_WARPERS):
+            name = type(proc).__name__
+            raise DynaTreeError(f"{_PROCESSOR_ARGS.get(name, name)} is not supported by dynatree custom_generate "
+                                f"(it changes the distribution the tree is verified against); supported: {_SUPPORTED}")
+    for crit in criteria or []:
+        if not isinstance(crit, _OWN_CRITERIA):
+            name = "max_time" if isinstance(crit, sc.MaxTimeCriteria) else f"stopping criterion {type(crit).__name__}"
+            raise DynaTreeError(f"{name} is not supported by dynatree custom_generate; supported: {_SUPPORTED}")
+
+
+__all__ = ["DynaTreeGenerateOutput", "generate"]

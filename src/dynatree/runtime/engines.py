@@ -1,0 +1,194 @@
+"""Which engine a run gets and the model+cache objects it runs on.
+
+:func:`resolve` decides what :class:`~dynatree.options.EngineOptions` leaves to "auto";
+:func:`cached_pair` hands out the target's and the draft's model+cache objects, pooling the static
+ones per model (their compiled graphs are tied to the cache storage, so reusing the object is what
+spares a second call from compiling again); :func:`precompile` builds every graph of that pool up
+front. The decoding loop itself (:mod:`dynatree.loop.generate`) only consumes what this module builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import weakref
+from collections.abc import Iterator
+
+import torch
+
+from dynatree.runtime import distributed
+from dynatree.runtime.cache import CachedModel, StaticCachedModel
+from dynatree.errors import DynaTreeError
+from dynatree.drafts.feature_head import uses_target_features
+from dynatree.loading.models import vocab_size
+from dynatree.options import CacheOptions, EngineOptions
+
+# "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
+# and compiled graphs save a roughly fixed overhead per layer call that only a real model's steps
+# make worth its set-up (and the test suite's tiny random models keep the plain path).
+AUTO_MIN_PARAMS = 20_000_000
+# A CPU's trees stay small (the cost model rarely picks more than a few nodes): buckets up to 32
+# rows cover every tree the CPU cost profile can choose and halve the graphs to compile.
+CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
+    """``options`` with ``"auto"``/None decided: the fastest exact configuration that does not make
+    the call wait minutes for a compiler.
+
+    ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
+    compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when this process
+    already holds compiled graphs for the model (a library loop that compiled once, or
+    ``precompile``) or ``compile=True`` asks for it. Otherwise the eager hf engine: uncompiled, the
+    static engine was no faster (same-process A/B, ``benchmarks/cpu/engine_ab.jsonl``), and on the
+    benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
+    warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
+    tokens would only lose (``benchmarks/cpu/README.md``, session 5). Explicit engines are kept;
+    their ``compile=None`` means off. ``cpu_linear=None`` is on for a model on CPU and off for a
+    sharded one (:func:`resolve_cpu_linear`).
+    """
+    engine, compile, buckets = options.engine, options.compile, options.buckets
+    if engine == "auto":
+        engine, compile, buckets = _auto_engine(target, compile, buckets, options.kv_window)
+    return options.replace(engine=engine, compile=False if compile is None else compile, buckets=buckets,
+                           cpu_linear=resolve_cpu_linear(target, options.cpu_linear))
+
+
+def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: tuple[int, ...] | None,
+                 kv_window: int | None) -> tuple[str, bool | str | None, tuple[int, ...] | None]:
+    if kv_window is not None or sum(p.numel() for p in target.parameters()) < AUTO_MIN_PARAMS:
+        return "hf", compile, buckets  # compile=True here is refused as needing the static engine
+    device = next(target.parameters()).device.type
+    built = _compiled_buckets(target)
+    if compile is None:
+        compile = _can_compile(device) and (device == "cuda" or built is not None)
+    if not compile:  # uncompiled, the static engine is no faster than hf (engine_ab.jsonl): keep hf
+        return "hf", False, buckets
+    if buckets is None:  # reuse the graphs already built rather than compiling other buckets
+        buckets = built if built is not None else CPU_AUTO_BUCKETS if device == "cpu" else None
+    return "static", compile, buckets
+
+
+def _compiled_buckets(model: torch.nn.Module) -> tuple[int, ...] | None:
+    """The buckets of compiled static graphs this process already built for ``model`` (None: none)."""
+    return next((kv.buckets for kv in _STATIC.get(model, {}).values() if kv._compiled), None)
+
+
+def _can_compile(device: str) -> bool:
+    """Whether torch.compile can build code here: the same check ``compile=True`` refuses with."""
+    from dynatree.runtime.devices import check_compiler
+
+    try:
+        check_compiler(torch.device(device))
+    except DynaTreeError:
+        return False
+    return True
+
+
+#: torch threads from which ``cpu_linear=None`` turns the few-row layout on (see resolve_cpu_linear).
+CPU_LINEAR_MIN_THREADS = 2
+
+
+def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
+    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU run with two or more
+    torch threads, off for a sharded one and off with one thread.
+
+    Why the thread count: the few-row layout was measured to help with 2 threads (a 4-row verify
+    at 1.04x a one-token step, compiled autoregressive 1.20x faster), but with 1 thread the same
+    layout made eager autoregressive decoding 0.76x and DynaTree 0.89x as fast (offline pair,
+    ``benchmarks/cpu/README.md``, session 6), and left HF's own ``generate`` ahead of ours.
+    """
+    sharded = distributed.resolve_cpu_linear(model, cpu_linear)
+    if sharded is not None:
+        return sharded
+    if cpu_linear is None:
+        return next(model.parameters()).device.type == "cpu" and torch.get_num_threads() >= CPU_LINEAR_MIN_THREADS
+    return bool(cpu_linear)
+
+
+_STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, CacheOptions], StaticCachedModel]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def precompile(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    max_rows: int,
+    options: EngineOptions | None = None,
+    *,
+    compile: bool | str | None = None,
+    buckets: tuple[int, ...] | None = None,
+    cpu_linear: bool | None = None,
+) -> None:
+    """Build every bucket's graph of the pooled static engines now, for runs of up to ``max_rows``
+    (prompt + new tokens), so that no compilation lands inside a timed generation.
+
+    Which buckets a run touches depends on the trees it happens to build, so warm-up runs alone
+    can leave a graph to be compiled in the middle of a measurement (vLLM likewise captures all
+    its CUDA-graph batch sizes at start-up). ``options`` (or the keywords) are those the runs will
+    use; the engine is the static one, compiled unless ``compile=False``.
+    """
+    options = EngineOptions.merge(options, compile=compile, buckets=buckets, cpu_linear=cpu_linear)
+    if options.engine == "hf":
+        raise DynaTreeError("precompile builds the static engine's graphs, and these options pick engine='hf'")
+    options = options.replace(engine="static", compile=True if options.compile is None else options.compile)
+    options = resolve(options, target)
+    with torch.inference_mode(), eval_mode([m for m in (target, draft) if m is not None]):
+        for kv in cached_pair(target, draft, vocab_size(target), options, max_rows):
+            if kv is not None:
+                kv.precompile()
+
+
+def cached_pair(target: torch.nn.Module, draft: torch.nn.Module | None, vocab: int, options: EngineOptions,
+                rows: int) -> tuple[CachedModel, CachedModel | None]:
+    """Target and draft caches for runs of up to ``rows`` tokens under resolved ``options``, plus
+    room for one tree (the draft also holds expanded nodes of several levels)."""
+    cache = options.cache_options(next(target.parameters()).device.type)
+    big = StaticCachedModel.BUCKETS[-1]
+    target_kv = cached_model(target, vocab, options.engine, rows + big, cache)
+    # A feature draft's calls take the target's features as an extra input: eager hf engine (it is
+    # one small layer, so the static engine's fixed shapes would buy it little).
+    draft_engine = "hf" if uses_target_features(draft) else options.engine
+    draft_kv = cached_model(draft, vocab, draft_engine, rows + 4 * big, cache) if draft is not None else None
+    return target_kv, draft_kv
+
+
+def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, cache: CacheOptions) -> CachedModel:
+    """A fresh model+cache for one generation; static ones are pooled per model.
+
+    Compiled graphs are tied to the static cache's storage, so reusing the same object across
+    calls (reset to length 0) is what makes the second call run without recompiling.
+    """
+    if engine == "hf":
+        return CachedModel(model, vocab, cpu_linear=cache.cpu_linear)
+    # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
+    capacity = max(256, 1 << (capacity - 1).bit_length())
+    pool = _STATIC.setdefault(model, {})
+    kv = pool.get((vocab, cache))
+    if kv is None or kv.capacity - kv.buckets[-1] < capacity:
+        if cache.compile:
+            notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per process (can take "
+                   "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
+        kv = StaticCachedModel(model, vocab, capacity, **dataclasses.asdict(cache))
+        pool[(vocab, cache)] = kv
+    kv.reset()
+    return kv
+
+
+@contextlib.contextmanager
+def eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
+    """Dropout would make verification random: run in eval mode, restore the caller's mode after."""
+    was = [m.training for m in models]
+    for m in models:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, w in zip(models, was):
+            m.train(w)
+
+
+def notice(message: str) -> None:
+    """A one-line progress notice on stderr for slow one-time work (profiling, compiling)."""
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,126 @@
+"""What counts as prose: the paragraph filters that turn corpus text into bench prompts and
+distillation data.
+
+Every text source lives in :mod:`dynatree.text.corpora` (pydoc, licences, the offline wiki and books);
+this module decides which of its paragraphs a job keeps. There are two filters, for two jobs:
+
+* **Prompt prose** (:func:`prose_runs`, :func:`pydoc_runs`) for the bench prompt sets: complete,
+  word-rich paragraphs that end a sentence and carry few code symbols -- a prompt a model
+  continues as prose. A dropped paragraph ends a *run*, so a prompt never jumps over a removed
+  code block (:mod:`dynatree.bench.datasets` cuts passages inside runs).
+* **Training prose** (:func:`training_paragraphs`, :func:`licence_paragraphs`) for distillation:
+  looser (letter-rich paragraphs of at least 80 characters, any ending), because more text means
+  more labelled positions and the labels are the target's own continuations anyway.
+
+They are different on purpose and each is pinned by what it produced: the bench's filter by the
+recorded prompt sets of every benchmark result, the training filter by the shipped drafts
+(``dynatree distill`` reproduces them only from the same data). Changing either means new
+benchmark baselines or a retrained draft.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+MIN_WORDS = 20  # shorter paragraphs are headings, captions or fragments, not prose
+MAX_SYMBOL_FRACTION = 0.02  # more code symbols than this marks a paragraph as code-like
+MIN_TRAINING_CHARS = 80  # training prose: shorter paragraphs are headings or fragments
+MIN_LICENCE_CHARS = 40  # licence paragraphs: shorter ones are headings or signatures
+
+# A run is a list of consecutive clean paragraphs; a document is a list of runs.
+Run = list[str]
+Document = list[Run]
+
+_SYMBOLS = set("=<>{}[]|\\_*#@$%^~`")
+_SENTENCE_END = re.compile(r"[.!?][\"'\u2019\u201d)]*$")
+_FOOTNOTE = re.compile(r"\s*\[\d+\]")
+_UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
+_BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")  # pydoc's **PEP 614**; a bare "**" operator stays
+_GRAMMAR = re.compile(r"::=|^\s*[|]|>>>|^\s*\.\.\.")
+
+
+# ------------------------------------------------------------------------------ prompt prose
+def paragraphs(text: str) -> list[str]:
+    """Blocks of text separated by blank lines, with their line breaks kept."""
+    return [block for block in re.split(r"\n[ \t]*\n", text) if block.strip()]
+
+
+def join_lines(block: str) -> str:
+    """One line with single spaces: hard wraps and double spaces after full stops are layout, not text."""
+    return " ".join(block.split())
+
+
+def is_prose(paragraph: str) -> bool:
+    """A complete, word-rich paragraph without code symbols: something a model continues as prose."""
+    if "::=" in paragraph or ">>>" in paragraph:
+        return False
+    if len(paragraph.split()) < MIN_WORDS or not _SENTENCE_END.search(paragraph):
+        return False
+    symbols = sum(char in _SYMBOLS for char in paragraph)
+    return symbols <= MAX_SYMBOL_FRACTION * len(paragraph)
+
+
+def runs(blocks: Iterable[str | None]) -> Document:
+    """Group consecutive kept paragraphs into runs; ``None`` marks a dropped paragraph (a break)."""
+    document: Document = []
+    current: Run = []
+    for block in blocks:
+        if block is None:
+            if current:
+                document.append(current)
+            current = []
+        else:
+            current.append(block)
+    if current:
+        document.append(current)
+    return document
+
+
+def pydoc_runs(text: str) -> Document:
+    """Prose runs of one pydoc topic: drops indented blocks (code, grammar), headings, fragments."""
+
+    def clean(block: str) -> str | None:
+        lines = block.splitlines()
+        if lines[0][:1].isspace() or any(_UNDERLINE.match(line.strip()) for line in lines):
+            return None
+        paragraph = _BOLD.sub(r"\1", _FOOTNOTE.sub("", join_lines(block)))
+        return paragraph if is_prose(paragraph) else None
+
+    return runs(clean(block) for block in paragraphs(text))
+
+
+def prose_runs(text: str) -> Document:
+    """Prose runs of plain text whose paragraphs may be indented (licences, books, articles)."""
+
+    def clean(block: str) -> str | None:
+        paragraph = join_lines(block)
+        return paragraph if is_prose(paragraph) else None
+
+    return runs(clean(block) for block in paragraphs(text))
+
+
+# ---------------------------------------------------------------------------- training prose
+def training_paragraphs(text: str) -> list[str]:
+    """Prose paragraphs of a pydoc topic for training: no indented code or grammar blocks, no
+    underlined headings, bullets and emphasis marks removed, mostly letters."""
+    keep = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = block.split("\n")
+        if lines[0].startswith("   ") or any(_GRAMMAR.search(line) for line in lines):
+            continue
+        if re.fullmatch(r"[*=\-~^\s]+", lines[-1]):  # underlined heading
+            continue
+        para = " ".join(line.strip() for line in lines)
+        para = re.sub(r"^\* ", "", para)
+        para = re.sub(r"\*([^*\s][^*]*)\*", r"\1", para)
+        letters = sum(ch.isalpha() or ch == " " for ch in para)
+        if len(para) >= MIN_TRAINING_CHARS and letters >= 0.8 * len(para):
+            keep.append(para)
+    return keep
+
+
+def licence_paragraphs(text: str) -> list[str]:
+    """Paragraphs of a licence for training, each on one line; headings and signatures dropped."""
+    paras = [re.sub(r"\s+", " ", p).strip() for p in re.split(r"\n\s*\n", text)]
+    return [p for p in paras if len(p) >= MIN_LICENCE_CHARS]

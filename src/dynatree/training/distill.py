@@ -1,0 +1,308 @@
+"""Training a distilled draft (:mod:`dynatree.drafts.distilled`) for a Llama-style target, offline.
+
+Why this exists: on a CPU the draft's per-token cost decides whether speculation wins at all. The
+obvious free drafts fail for the offline pair (SmolLM2-135M-Instruct): its first *k* layers plus the
+LM head agree with the full model's greedy token only 6-51% of the time, and any draft that keeps
+the full 49152-token head already costs about a quarter of a target step. So the draft has a few
+layers of the target's width, initialised from its first layers, the shared frozen embedding, and
+a reduced-vocabulary head initialised from the target's tied embedding rows.
+
+It is trained to imitate the target where the target is actually used: teacher-forced top-k
+next-token distributions of the target over offline prose prompts (the ``corpora`` setting:
+Python's ``pydoc_data`` topics cleaned to prose paragraphs, the Debian licence texts, and the
+Wikipedia / books corpora of :mod:`dynatree.text.corpora`) *and* over the target's own greedy
+continuations of those prompts (both raw continuation and chat-formatted requests), because in
+greedy speculative decoding every context the draft sees is target-generated text. Held-out
+documents (:func:`dynatree.text.corpora.is_held_out`) never reach training.
+
+Labelling (one target forward per position) is the cost that limits the draft on a CPU; every
+step is resumable, and ``--device cuda`` runs labelling and training on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dynatree.text.corpora import Text
+from dynatree.catalog import DEFAULT_TARGET
+from dynatree.training.config import DistillConfig
+from dynatree.training.data import (
+    LabelledData,
+    Tokenizer,
+    _atomic_save,
+    _progress,
+    choose_vocab_subset,
+    labelled_data,
+)
+from dynatree.drafts.distilled import DistilledDraft, DraftConfig, _atomic, save_draft
+from dynatree.errors import DynaTreeError
+
+CHECKPOINT_FILE = "checkpoint.pt"
+LOG_FILE = "train_log.jsonl"
+FINAL_DIR = "final"
+
+
+# ------------------------------------------------------------------------------------- training
+def _subset_targets(data: LabelledData, subset: torch.Tensor, vocab_size: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids -> subset indices (-1 if absent) and soft targets renormalised over the subset."""
+    lookup = torch.full((vocab_size,), -1, dtype=torch.long)
+    lookup[subset] = torch.arange(len(subset))
+    idx = lookup[data.topk_ids]
+    probs = torch.softmax(data.topk_logits.float(), dim=-1) * (idx >= 0)
+    mass = probs.sum(-1, keepdim=True)
+    return idx, torch.where(mass > 0, probs / mass.clamp_min(1e-12), probs)
+
+
+def distill_loss(sub_logits: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor,
+                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy to the target's top-k distribution over the subset; and top-1 agreement.
+
+    ``top_k = 1`` is plain hard-label distillation. Positions whose target top-k lies entirely
+    outside the subset carry no loss but count as disagreements.
+    """
+    logq = torch.log_softmax(sub_logits.float(), dim=-1)
+    picked = logq.gather(-1, idx.clamp_min(0)) * probs
+    has_mass = probs.sum(-1) > 0
+    m = mask & has_mass
+    loss = -(picked.sum(-1) * m).sum() / m.sum().clamp_min(1)
+    agree = ((sub_logits.argmax(-1) == idx[..., 0]) & (idx[..., 0] >= 0) & mask).sum()
+    return loss, agree.float() / mask.sum().clamp_min(1)
+
+
+def _train_step(draft: DistilledDraft, optimizer: torch.optim.Optimizer,
+                batch: tuple[torch.Tensor, ...]) -> tuple[float, float]:
+    tokens, idx, probs, mask = (t.to(draft.device, non_blocking=True) for t in batch)
+    draft.train()
+    loss, agree = distill_loss(draft.subset_logits(tokens), idx, probs, mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.detach()), float(agree)
+
+
+def _lr_at(step: int, cfg: DistillConfig) -> float:
+    """Linear warm-up, then cosine decay to 10% of ``lr``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def _batches(data: LabelledData, idx: torch.Tensor, probs: torch.Tensor, cfg: DistillConfig,
+             gen: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Random windows of ``seq_len`` from random sequences; the generator state is checkpointed."""
+    length = data.tokens.shape[1]
+    while True:
+        rows = torch.randint(len(data), (cfg.batch,), generator=gen)
+        start = torch.randint(length - cfg.seq_len + 1, (cfg.batch,), generator=gen)
+        cols = start[:, None] + torch.arange(cfg.seq_len)
+        r = rows[:, None]
+        yield data.tokens[r, cols], idx[r, cols], probs[r, cols], data.valid[r, cols]
+
+
+@dataclass
+class Agreement:
+    """Teacher-forced draft-vs-target agreement on held-out target-generated text."""
+
+    generated: float  # top-1 agreement on positions that predict target-generated tokens
+    prompt: float  # top-1 agreement on prompt (prose / chat template) positions
+    coverage: float  # share of generated-position target tokens inside the draft's subset
+    linear_k4_tokens: float  # mean tokens per round, greedy linear speculation with K=4
+    chat_generated: float
+    raw_generated: float
+    positions: int
+
+
+@torch.inference_mode()
+def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreement:
+    """Greedy agreement of ``draft`` (any HF-style causal LM) with the target's labels.
+
+    Under greedy speculation the draft always sees the target's own text, so teacher forcing on
+    the target's greedy continuation is exact, and so is the linear-speculation simulation: a
+    round starting at position t accepts the run of matches from t (at most K) plus one token.
+    """
+    draft.eval()
+    match = []
+    device = next(draft.parameters()).device
+    for i in range(0, len(data), 8):
+        logits = draft(input_ids=data.tokens[i:i + 8].to(device)).logits
+        match.append(logits.argmax(-1).cpu() == data.topk_ids[i:i + 8, :, 0])
+    hit = torch.cat(match)
+    gen = data.generated_mask()
+    prompt = data.valid & ~gen
+    subset = getattr(draft, "vocab_subset", None)
+    if subset is not None:
+        inside = torch.isin(data.topk_ids[..., 0], subset.cpu())
+    else:
+        inside = torch.ones_like(hit)
+
+    def rate(m: torch.Tensor) -> float:
+        return float(hit[m].float().mean()) if m.any() else float("nan")
+
+    rounds = tokens = 0
+    for s in range(len(data)):
+        pos = torch.nonzero(gen[s]).flatten()
+        m = hit[s, pos].tolist()
+        t = 0
+        while t < len(m):
+            run = 0
+            while run < spec_k and t + run < len(m) and m[t + run]:
+                run += 1
+            step = min(run + 1, len(m) - t)
+            rounds, tokens, t = rounds + 1, tokens + step, t + step
+    chat = data.chat[:, None].expand_as(gen)
+    return Agreement(
+        generated=rate(gen), prompt=rate(prompt), coverage=float(inside[gen].float().mean()),
+        linear_k4_tokens=tokens / max(1, rounds), chat_generated=rate(gen & chat),
+        raw_generated=rate(gen & ~chat), positions=int(gen.sum()))
+
+
+def _draft_config(target: nn.Module, tokenizer: Tokenizer, train: LabelledData, cfg: DistillConfig,
+                  target_name: str, kind: str = "independent") -> tuple[list[int], DraftConfig]:
+    """Step 3: the vocabulary subset (+ EOS) and the draft's architecture."""
+    always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    subset = choose_vocab_subset(train, cfg.vocab_subset, always)
+    return subset, DraftConfig.from_target(target, name=target_name, layers=cfg.layers, vocab_subset=subset,
+                                           kind=kind)
+
+
+def start_training(draft: nn.Module, cfg: DistillConfig, subset: list[int], ckpt_path: Path, log_path: Path,
+                   resume: bool) -> tuple[torch.optim.Optimizer, torch.Generator, int]:
+    """(optimizer, batch-sampler generator, step) for a fresh run, or restored from ``ckpt_path``
+    when it was made with the same settings; the log is cut back to the resumed step."""
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step = 0
+    if not resume:
+        ckpt_path.unlink(missing_ok=True)
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, weights_only=True)
+        if ckpt["config"] != asdict(cfg) or ckpt["vocab_subset"] != subset:
+            raise DynaTreeError(f"{ckpt_path} was made with other settings; pass resume=False "
+                                "(--no-resume) or use another output folder")
+        draft.load_state_dict(ckpt["draft"], strict=False)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        gen.set_state(ckpt["generator"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        step = int(ckpt["step"])
+    _truncate_log(log_path, step)
+    return optimizer, gen, step
+
+
+def save_checkpoint(path: Path, step: int, cfg: DistillConfig, subset: list[int], draft: nn.Module,
+                    optimizer: torch.optim.Optimizer, gen: torch.Generator) -> None:
+    """Everything :func:`start_training` needs to resume exactly (atomic write)."""
+    _atomic_save({"step": step, "config": asdict(cfg), "vocab_subset": subset,
+                  "draft": draft.trainable_state_dict(), "optimizer": optimizer.state_dict(),
+                  "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, path)
+
+
+def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLike[str],
+            config: DistillConfig | None = None, target_name: str = DEFAULT_TARGET,
+            documents: Sequence[Text] | None = None, resume: bool = True,
+            progress: bool = True) -> Path:
+    """Distil a draft for ``target``; returns the folder with the final weights and config.
+
+    Steps, each cached in ``out_dir`` so an interrupted run picks up where it stopped:
+    1. prompts from ``documents`` (default: the corpora named in the config), held-out by
+       document (the same split as the bench's offline prompt sets);
+    2. target labels: greedy continuations + top-k logits at every position (``data.pt``);
+    3. vocabulary subset = the target's most frequent top-1 tokens on the training labels;
+    4. AdamW on layers + norm + head, checkpointed every ``checkpoint_every`` steps with the
+       optimizer and sampler RNG (``checkpoint.pt``, atomic), held-out agreement every
+       ``eval_every`` steps, one JSON line per step in ``train_log.jsonl``;
+    5. ``final/``: fp16 ``model.safetensors`` + ``config.json`` (+ ``metrics.json``).
+
+    ``resume=False`` deletes the previous checkpoint and log (the labelled data is kept if it
+    was made with the same data settings).
+    """
+    cfg = config or DistillConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    ckpt_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
+    train, evals = labelled_data(target, tokenizer, out, cfg, documents, progress)
+    subset, dcfg = _draft_config(target, tokenizer, train, cfg, target_name)
+    draft = DistilledDraft(dcfg, target.get_input_embeddings()).float()
+    draft.init_from_target(target)
+    optimizer, gen, step = start_training(draft, cfg, subset, ckpt_path, log_path, resume)
+
+    idx, probs = _subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
+    batches = _batches(train, idx, probs, cfg, gen)
+    bar = _progress(total=cfg.steps, initial=step, desc="distilling", enabled=progress)
+    t0 = time.monotonic()
+    with open(log_path, "a", encoding="utf-8") as log:
+        while step < cfg.steps:
+            for group in optimizer.param_groups:
+                group["lr"] = _lr_at(step, cfg)
+            loss, agree = _train_step(draft, optimizer, next(batches))
+            step += 1
+            end_step(log, bar, step, loss, agree, cfg, t0, lambda: evaluate(draft, evals),
+                     lambda: save_checkpoint(ckpt_path, step, cfg, subset, draft, optimizer, gen))
+    bar.close()
+    return save_final(draft, out, train, cfg, evaluate(draft, evals))
+
+
+def end_step(log: Any, bar: Any, step: int, loss: float, agree: float, cfg: DistillConfig, t0: float,
+             score: Callable[[], Agreement], checkpoint: Callable[[], None]) -> None:
+    """One JSON line per step (held-out ``score`` every ``eval_every``), the progress bar, and a
+    checkpoint every ``checkpoint_every`` steps and at the last."""
+    record: dict[str, Any] = {"step": step, "loss": round(loss, 5), "agree": round(agree, 5),
+                              "lr": _lr_at(step - 1, cfg), "seconds": round(time.monotonic() - t0, 2)}
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+        record["eval"] = asdict(score())
+    log.write(json.dumps(record) + "\n")
+    log.flush()
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss:.3f}", agree=f"{agree:.3f}")
+    if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        checkpoint()
+
+
+def save_final(draft: DistilledDraft, out: Path, train: LabelledData, cfg: DistillConfig, score: Agreement) -> Path:
+    """``final/``: the fp16 weights, config and held-out metrics."""
+    final = save_draft(draft, out / FINAL_DIR)
+    metrics = {"train_positions": int(train.valid.sum()), "eval": asdict(score), "config": asdict(cfg)}
+    (final / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return final
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def distill_with_target(target: str, cfg: DistillConfig, *, out: Path, resume: bool = True,
+                        device: str = "cpu", progress: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Load ``target`` (a preset, path or hub id) on ``device`` and run :func:`distill`; returns the
+    final folder and its held-out metrics. What ``dynatree distill`` runs."""
+    from dynatree.loading.models import load_model  # local: model loading pulls in optional dependencies
+
+    model, tokenizer = load_model(target, device=device)  # checks the device first (one-line errors)
+    train = distill
+    if cfg.kind == "feature":
+        from dynatree.training.features import distill_features as train  # builds on this module
+
+    final = train(model, tokenizer, out_dir=out, config=cfg, target_name=target, resume=resume, progress=progress)
+    return final, json.loads((final / "metrics.json").read_text())["eval"]
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log lines past the checkpoint being resumed (or all of them on a fresh start), so
+    the log of a resumed run reads exactly like the log of an uninterrupted one."""
+    if not path.is_file():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+    with _atomic(path) as tmp:
+        tmp.write_text("".join(ln + "\n" for ln in lines))
+
+
