@@ -8,7 +8,7 @@ from tiny import tiny_model
 
 import dynatree
 from dynatree.runtime import engines
-from dynatree.runtime.engines import CPU_AUTO_BUCKETS
+from dynatree.runtime.engines import CPU_AUTO_BUCKETS, resolve as resolve_options
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 
@@ -19,7 +19,7 @@ def model() -> torch.nn.Module:
 
 
 def resolve(model: torch.nn.Module, **options) -> tuple:
-    r = EngineOptions(**options).resolve(model)
+    r = resolve_options(EngineOptions(**options), model)
     return r.engine, r.compile, r.buckets
 
 
@@ -54,9 +54,9 @@ def test_resolving_decides_every_field_and_twice_changes_nothing(model, monkeypa
     monkeypatch.setattr(engines, "AUTO_MIN_PARAMS", 1)
     monkeypatch.setattr(engines, "_can_compile", lambda device: True)
     given = EngineOptions(compile=True, tree_order="dfs")
-    once = given.resolve(model)
+    once = resolve_options(given, model)
     assert not given.resolved and once.resolved and once.cpu_linear is True  # CPU model: the few-row layout
-    assert once.resolve(model) == once and once.tree_order == "dfs"
+    assert resolve_options(once, model) == once and once.tree_order == "dfs"
     key = once.cache_options("cpu")
     assert key == once.replace(tree_order="bfs", kv_sinks=2).cache_options("cpu")  # same pooled engine
     assert key.compile_mode is None and once.cache_options("cuda").compile_mode == "reduce-overhead"

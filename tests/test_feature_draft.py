@@ -20,7 +20,7 @@ from dynatree.loop import generate as E
 from dynatree import generate
 from dynatree.training.config import DistillConfig
 from dynatree.drafts.distilled import DraftConfig, load_distilled_draft
-from dynatree.drafts.model import FeatureDrafter
+from dynatree.drafts.feature import FeatureDrafter
 from dynatree.errors import DynaTreeError
 from dynatree.drafts.feature_head import FeatureDraft
 from test_distill import DOCS, SMALL, ByteTokenizer, tiny_target

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from dynatree.runtime.engines import resolve as resolve_options
+
 from dynatree.loading import models
 from dynatree.runtime.cache import StaticCachedModel
 from dynatree.runtime.engines import CPU_AUTO_BUCKETS
@@ -41,7 +43,7 @@ def main() -> None:
     rec = {"machine": f"{platform.node()} {os.cpu_count()} cores", "threads": args.threads, "load": args.note,
            "torch": torch.__version__, "inductor_cache_had_entries": warm, "buckets": buckets, "seconds": {}}
     for name, model in (("target", target), ("draft", draft)):
-        static = EngineOptions(engine="static", compile=True, buckets=buckets).resolve(model).cache_options("cpu")
+        static = resolve_options(EngineOptions(engine="static", compile=True, buckets=buckets), model).cache_options("cpu")
         with torch.inference_mode():
             t0 = time.perf_counter()
             kv = StaticCachedModel(model, vocab_size(target), 1024, **dataclasses.asdict(static))

@@ -13,13 +13,13 @@ from dynatree.errors import DynaTreeError
 
 if TYPE_CHECKING:
     from dynatree.loop.generate import generate
-    from dynatree.runtime.engines import precompile
+    from dynatree.loop.precompile import precompile
     from dynatree.options import EngineOptions
     from dynatree.policies import STRATEGIES, make_policy
     from dynatree.core.stats import GenerationResult, GenerationStats, RoundStats
 
 _LAZY = {
-    "generate": "dynatree.loop.generate", "precompile": "dynatree.runtime.engines", "EngineOptions": "dynatree.options",
+    "generate": "dynatree.loop.generate", "precompile": "dynatree.loop.precompile", "EngineOptions": "dynatree.options",
     "STRATEGIES": "dynatree.policies", "make_policy": "dynatree.policies", "GenerationResult": "dynatree.core.stats",
     "GenerationStats": "dynatree.core.stats", "RoundStats": "dynatree.core.stats",
 }

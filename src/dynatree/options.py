@@ -16,6 +16,14 @@ from typing import Any
 from dynatree.errors import DynaTreeError
 
 ENGINES = ("auto", "hf", "static")
+
+
+def check_window(window: object, sinks: object) -> None:
+    """Validate StreamingLLM-style eviction settings (``kv_window``, ``kv_sinks``) without torch."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise DynaTreeError(f"kv_window must be a positive integer, got {window!r}")
+    if not isinstance(sinks, int) or isinstance(sinks, bool) or sinks < 0:
+        raise DynaTreeError(f"kv_sinks must be an integer >= 0, got {sinks!r}")
 TREE_ORDERS = ("bfs", "dfs")
 
 
@@ -63,9 +71,7 @@ class EngineOptions:
         if self.tree_order not in TREE_ORDERS:
             raise DynaTreeError(f"unknown tree_order '{self.tree_order}': must be 'bfs' or 'dfs'")
         if self.kv_window is not None:
-            from dynatree.runtime.streaming import StreamingConfig  # torch: only when eviction is asked for
-
-            StreamingConfig(self.kv_window, self.kv_sinks)  # validates both
+            check_window(self.kv_window, self.kv_sinks)
 
     def replace(self, **changes: Any) -> EngineOptions:
         """A copy with some fields changed (validated again)."""
@@ -91,16 +97,9 @@ class EngineOptions:
                                 "or as keywords, not both")
         return options
 
-    def resolve(self, target: Any) -> EngineOptions:
-        """These options with ``"auto"``/None decided for ``target`` (see
-        :func:`dynatree.runtime.engines.resolve`); resolving twice changes nothing."""
-        from dynatree.runtime.engines import resolve  # torch, and the pool of compiled engines it consults
-
-        return resolve(self, target)
-
     @property
     def resolved(self) -> bool:
-        """Whether nothing is left to decide (what :meth:`resolve` returns)."""
+        """Whether nothing is left to decide (what :func:`dynatree.runtime.engines.resolve` returns)."""
         return self.engine != "auto" and self.compile is not None and self.cpu_linear is not None
 
     def cache_options(self, device_type: str) -> CacheOptions:
@@ -108,7 +107,7 @@ class EngineOptions:
         ``"cpu"``): ``compile=True`` means CUDA graphs (``mode="reduce-overhead"``) on CUDA and the
         default mode elsewhere; a string is the mode itself."""
         if not self.resolved:
-            raise DynaTreeError("cache_options needs resolved options: call EngineOptions.resolve(target) first")
+            raise DynaTreeError("cache_options needs resolved options: call dynatree.runtime.engines.resolve(options, target) first")
         mode = self.compile if isinstance(self.compile, str) else None
         if self.compile is True and device_type == "cuda":
             mode = "reduce-overhead"

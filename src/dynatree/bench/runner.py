@@ -38,9 +38,10 @@ from typing import Any
 
 import torch
 
-from dynatree.runtime.devices import sync_clock
+from dynatree.core.clock import sync_clock
 from dynatree.loop.generate import generate
-from dynatree.runtime.engines import precompile
+from dynatree.loop.precompile import precompile
+from dynatree.runtime.engines import resolve as resolve_options
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import make_policy
@@ -324,7 +325,7 @@ def run_bench(
                             "the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
-    resolved = {s.label: s.engine_options(settings.engine_options()).resolve(target)
+    resolved = {s.label: resolve_options(s.engine_options(settings.engine_options()), target)
                 for s in specs if s.name not in (HF_ASSISTED, HF_GENERATE)}
     records = {label: _engine_record(options) for label, options in resolved.items()}
     compiled = [s for s in specs if s.label in resolved and resolved[s.label].engine == "static"

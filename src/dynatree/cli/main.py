@@ -75,7 +75,8 @@ def generate(
     from dynatree.loading import models
     from dynatree.runtime.devices import check_device
     from dynatree.loop.generate import generate as run
-    from dynatree.runtime.engines import precompile
+    from dynatree.loop.precompile import precompile
+    from dynatree.runtime.engines import resolve as resolve_options
     from dynatree.policies import make_policy
 
     set_threads(threads)
@@ -101,7 +102,7 @@ def generate(
         ids, eos = chat_prompt(tok, [{"role": "user", "content": prompt}]), chat_eos(tmodel, tok)
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
-    options = options.resolve(tmodel)
+    options = resolve_options(options, tmodel)
     common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
                   allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, draft_temperature=draft_temperature, options=options)

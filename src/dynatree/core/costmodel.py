@@ -217,7 +217,7 @@ def measure(kv: Any, sizes: Sequence[int], lazy_head: bool, reps: int = 3,
     from dynatree.core.tree import TreeBuilder
     from dynatree.core.verify import tree_forward
 
-    from dynatree.runtime.devices import sync_clock
+    from dynatree.core.clock import sync_clock
 
     tick = clock or sync_clock(kv.device)
     kv.prefill([0] * CONTEXT)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from dynatree.runtime.cache import KVModel
+from dynatree.core.kv import KVModel
 from dynatree.core.sampling import SamplingConfig, draw, target_probs, uniform, without
 from dynatree.core.tree import TokenTree, ancestor_matrix, children_lists, dfs_order, position_ids
 

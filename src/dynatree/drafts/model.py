@@ -1,4 +1,4 @@
-"""The drafter: runs the draft model level by level over a growing tree, and keeps its KV cache.
+"""The model draft source: runs a draft model level by level over a growing tree, and keeps its KV cache.
 
 A policy decides *which* nodes to expand; the drafter turns "expand these nodes" into ONE draft
 forward over all of them, with a tree mask so each node attends to the committed prefix, its own
@@ -17,16 +17,39 @@ from collections.abc import Sequence
 
 import torch
 
-from dynatree.runtime.cache import KVModel
-from dynatree.core.tree import TreeBuilder
+from typing import TYPE_CHECKING, Any
+
+from dynatree.core.draft_source import DraftSource, SourceContext
+from dynatree.core.kv import KVModel
+from dynatree.core.tree import TokenTree, TreeBuilder
+from dynatree.errors import DynaTreeError
+from dynatree.runtime.cache import vocab_size
+from dynatree.runtime.engines import cached_model
+from dynatree.runtime.streaming import StreamingKV, find_rope
+
+if TYPE_CHECKING:
+    from dynatree.policies.base import DraftPolicy
 
 
-class Drafter:
-    """Level-batched draft forwards with a tree mask, over the draft's :class:`~dynatree.runtime.cache.KVModel`."""
+class Drafter(DraftSource):
+    """Level-batched draft forwards with a tree mask, over the draft's :class:`~dynatree.core.kv.KVModel`.
 
-    #: Whether the engine must hand over the target's features (final hidden states) of the
-    #: prompt and of every round's root and accepted nodes (:class:`FeatureDrafter`).
-    wants_features = False
+    Drives any causal LM over the target's vocabulary (the registry's fallback for modules)."""
+
+    name = "model"
+
+    @classmethod
+    def accepts(cls, draft: Any) -> bool:
+        return isinstance(draft, torch.nn.Module)
+
+    @classmethod
+    def models(cls, draft: Any) -> list[torch.nn.Module]:
+        return [draft]
+
+    @classmethod
+    def open(cls, draft: Any, context: SourceContext) -> "Drafter":
+        check_vocab(context.target, draft, context.allow_vocab_mismatch)
+        return cls(open_kv(draft, context, cls.draft_engine(context.options)))
 
     def __init__(self, kv: KVModel) -> None:
         self.kv = kv
@@ -49,6 +72,9 @@ class Drafter:
         self.pending = [prompt[-1]]
 
     # ---------------------------------------------------------------------------- per round
+    def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
+        policy.build(builder, self, self.begin_round(builder))
+
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
         """Run the pending committed tokens; returns the draft logits for the root's children ``[V]``."""
         self._builder = builder
@@ -92,10 +118,15 @@ class Drafter:
         positions = torch.tensor([b.depth[n] for n in nodes]) + (self._base - 1)
         return [b.tokens[n] for n in nodes], positions, visible
 
-    def commit(self, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        """Keep the rows of accepted drafted nodes (path order); queue the rest for the next round."""
+    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
+        """Keep the rows of accepted drafted nodes (path order); queue the rest for the next round.
+
+        A round in which the draft was never called (another source decided the tree) queues
+        every committed token: they are run at the start of the next round that calls the draft."""
         b = self._builder
-        assert b is not None
+        if b is None:
+            self.pending += [int(t) for t in tree.tokens[list(accepted)].tolist()] + [int(bonus)]
+            return
         rows: list[int] = []
         for node in accepted:
             if node not in self._slot:
@@ -106,76 +137,20 @@ class Drafter:
         self._builder = None
 
 
-class FeatureDrafter(Drafter):
-    """The drafter of a feature-conditioned draft (:mod:`dynatree.drafts.feature_head`).
+def open_kv(draft: torch.nn.Module, context: SourceContext, engine: str) -> KVModel:
+    """The draft's model+cache for one generation: room for the committed tokens plus several
+    levels of expanded nodes; wrapped for KV eviction when the run evicts."""
+    kv: KVModel = cached_model(draft, context.vocab, engine, context.rows + 4 * 256,
+                               context.options.cache_options(context.target_kv.device.type))
+    if context.streaming is not None:
+        kv = StreamingKV(kv, context.streaming, find_rope(draft))
+    return kv
 
-    Every draft row of token j is computed from token j's embedding and the feature of its parent:
 
-    * committed tokens use the *target's* features (from the prefill and the verify passes), so
-      the cache holds only rows computed from exact features;
-    * tree nodes use the draft's own *predicted* feature of their parent (the root's comes from
-      the pending tokens' call), kept per node for the next level.
-
-    Unlike :class:`Drafter`, :meth:`commit` keeps none of the tree's rows: accepted nodes were
-    drafted from predicted features, so they are run again next round with the target's (one
-    draft call over the accepted tokens + bonus, which is the call the round starts with anyway).
-    """
-
-    wants_features = True
-
-    def __init__(self, kv: KVModel) -> None:
-        super().__init__(kv)
-        self.pending_features: torch.Tensor | None = None  # [len(pending), H]: each pending token's parent's
-        self._pred: dict[int, torch.Tensor] = {}  # tree node -> predicted feature (root: 0)
-
-    def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
-        """``features``: the target's final hidden states of ``prompt[:-1]`` (its prefill)."""
-        prompt = list(prompt)
-        assert features is not None and len(features) == len(prompt) - 1, "the target's prompt features are needed"
-        # token j reads token j-1's feature; the first token has no parent (zeros, as in training)
-        parents = torch.cat([features.new_zeros(1, features.shape[-1]), features])
-        if len(prompt) > 1:
-            p = len(prompt) - 1
-            start = self.kv.length
-            self._call(prompt[:-1], torch.arange(start, start + p), torch.ones(p, p, dtype=torch.bool).tril(), start,
-                       parents[:-1])
-        self.pending, self.pending_features = [prompt[-1]], parents[-1:]
-
-    def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
-        self._builder = builder
-        self._slot, self._pred = {}, {}
-        self._calls0 = self.kv.calls
-        start = self.kv.length
-        p = len(self.pending)
-        causal = torch.ones(p, p, dtype=torch.bool).tril()
-        logits, hidden = self._call(self.pending, torch.arange(start, start + p), causal, start, self.pending_features)
-        self._base = start + p
-        self._pred[0] = hidden[-1]
-        return logits[-1]
-
-    def forward(self, nodes: Sequence[int]) -> torch.Tensor:
-        nodes = list(nodes)
-        tokens, positions, visible = self._level(nodes)
-        parents = torch.stack([self._pred[self._builder.parent[n]] for n in nodes])
-        first_row = self.kv.length
-        logits, hidden = self._call(tokens, positions, visible, self._base, parents)
-        for r, node in enumerate(nodes):
-            self._slot[node] = first_row + r
-            self._pred[node] = hidden[r]
-        return logits
-
-    def commit(self, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        """``features``: the target's features of the root and the accepted nodes (path order),
-        i.e. of the parents of the accepted nodes and of the bonus token."""
-        b = self._builder
-        assert b is not None and features is not None and len(features) == len(accepted) + 1
-        self.kv.compact(self._base, [])
-        self.pending = [b.tokens[n] for n in accepted] + [int(bonus)]
-        self.pending_features = features
-        self._builder, self._pred = None, {}
-
-    def _call(self, tokens: Sequence[int], positions: torch.Tensor, visible: torch.Tensor, since: int,
-              features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(full-vocabulary logits ``[q, V]``, predicted features ``[q, H]``) of one draft call."""
-        out = self.kv.call(tokens, positions, visible, since, features=features.view(1, len(tokens), -1))
-        return out.logits[0, :, : self.kv.vocab_size].float(), out.hidden_states[-1][0]
+def check_vocab(target: torch.nn.Module, draft: torch.nn.Module, allow: bool) -> None:
+    vt, vd = vocab_size(target), vocab_size(draft)
+    if vt != vd and not allow:
+        raise DynaTreeError(
+            f"draft vocabulary ({vd} tokens) differs from the target's ({vt}); the models must share a "
+            "tokenizer (pass allow_vocab_mismatch=True / --allow-vocab-mismatch if you know the ids agree)"
+        )

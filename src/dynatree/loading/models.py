@@ -33,6 +33,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from dynatree.runtime.cache import vocab_size  # (re-exported: the one vocabulary-size reader)
 from dynatree.runtime.devices import check_device
 from dynatree.errors import DynaTreeError
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, EARLY_EXIT_PREFIX, PRESETS, SHIPPED_DRAFTS
@@ -51,18 +52,6 @@ def parse_dtype(name: str) -> torch.dtype:
         return _DTYPES[name.strip().lower()]
     except KeyError:
         raise DynaTreeError(f"unknown dtype '{name}': use float32, float16 or bfloat16") from None
-
-
-def vocab_size(model: torch.nn.Module) -> int:
-    """The width of ``model``'s logits: its output embedding's rows, else the (text) config's ``vocab_size``.
-
-    The one way the package reads a vocabulary size: the engine, the draft/target check and
-    :func:`check_compatible` all call this."""
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if out is not None and hasattr(out, "weight"):
-        return int(out.weight.shape[0])
-    config = model.config
-    return int((config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size)
 
 
 def _preset_hint() -> str:

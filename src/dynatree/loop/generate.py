@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from dynatree.runtime import distributed
-from dynatree.runtime.cache import KVModel
-from dynatree.drafts.model import Drafter, FeatureDrafter
-from dynatree.runtime.devices import sync_clock
-from dynatree.runtime.engines import cached_pair, eval_mode, notice
-from dynatree.loading.models import vocab_size
-from dynatree.drafts.feature_head import uses_target_features
+from dynatree.core.draft_source import DraftSource, SourceContext
+from dynatree.core.kv import KVModel
+from dynatree.core.clock import sync_clock
+from dynatree.drafts.registry import source_for
+from dynatree.runtime.cache import vocab_size
+from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy, RoundFeedback, make_policy
@@ -143,13 +143,9 @@ def generate(
     if policy.uses_draft and draft is None:
         raise DynaTreeError(f"strategy '{policy.name}' needs a draft model (draft=None)")
     vocab = vocab_size(target)
-    if policy.uses_draft:
-        _check_vocab(target, draft, allow_vocab_mismatch)
-    models = [target] + ([draft] if policy.uses_draft else [])
+    source_cls = source_for(draft) if policy.uses_draft else None
+    models = [target] + (source_cls.models(draft) if source_cls is not None else [])
     streaming = None
-    if options.kv_window is not None and policy.uses_draft and uses_target_features(draft):
-        raise DynaTreeError("kv_window is not supported with a feature-conditioned draft (its features would "
-                            "have to be evicted with the cache); use an independent draft")
     if options.kv_window is not None:
         streaming = StreamingConfig(options.kv_window, options.kv_sinks)
         ropes = [find_rope(m) for m in models]
@@ -166,24 +162,22 @@ def generate(
         if any(not isinstance(x, str) or not x for x in stop_strings):
             raise DynaTreeError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
     stop_text = StopText(tokenizer, list(stop_strings)) if stop_strings else None
-    options = options.resolve(target)
+    options = resolve_options(options, target)
 
     with torch.inference_mode(), eval_mode(models):
-        target_kv, draft_kv = cached_pair(target, draft if policy.uses_draft else None, vocab, options,
-                                          len(prompt) + max_new_tokens)
+        target_kv: KVModel = cached_target(target, vocab, options, len(prompt) + max_new_tokens)
         if streaming is not None:
             target_kv = StreamingKV(target_kv, streaming, ropes[0])
-            if draft_kv is not None:
-                draft_kv = StreamingKV(draft_kv, streaming, ropes[1])
+        source = None
+        if source_cls is not None:
+            source = source_cls.open(draft, SourceContext(target, target_kv, vocab, options, len(prompt) + max_new_tokens,
+                                                          streaming, allow_vocab_mismatch))
         lazy_head = options.lazy_head
         if lazy_head is None:
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
-        if draft_kv is not None and uses_target_features(draft) and not target_kv.supports_lazy_head():
-            raise DynaTreeError(f"a feature-conditioned draft reads the target's final hidden states, but "
-                                f"{type(target).__name__}'s logits are not head(hidden states) exactly")
-        if streaming is None and getattr(policy, "wants_cost_model", lambda: False)():
+        if streaming is None and policy.wants_cost_model():
             from dynatree.core.costmodel import profile_for  # the tree budget from the measured verify cost
 
             policy.use_cost_model(profile_for(target_kv, target, options.engine, options.compile, lazy_head,
@@ -194,7 +188,7 @@ def generate(
 
             recorder = TraceRecorder(tokenizer, on_round)
             on_round = recorder
-        result = _decode(target_kv, draft_kv, prompt, policy, max_new_tokens, stop, vocab, sampling, rng,
+        result = _decode(target_kv, source, prompt, policy, max_new_tokens, stop, vocab, sampling, rng,
                          options.tree_order, stop_text, lazy_head, sync, on_round)
     if recorder is not None:
         recorder.write(trace, result, policy)
@@ -203,7 +197,7 @@ def generate(
 
 def _decode(
     target: KVModel,
-    draft: KVModel | None,
+    source: DraftSource | None,
     prompt: list[int],
     policy: DraftPolicy,
     max_new_tokens: int,
@@ -223,22 +217,22 @@ def _decode(
     start = clock()
 
     # 0. Prefill: cache every prompt token but the last, which becomes the first round's root.
-    #    A feature draft also gets the target's final hidden states of those tokens.
-    drafter = None if draft is None else FeatureDrafter(draft) if uses_target_features(draft.model) else Drafter(draft)
-    features = drafter is not None and drafter.wants_features
+    #    A source that wants features also gets the target's final hidden states of those tokens.
+    features = source is not None and source.wants_features
     hidden = target.prefill(prompt[:-1], hidden=features)
-    if drafter is not None:
-        drafter.prefill(prompt, hidden)
+    if source is not None:
+        source.prefill(prompt, hidden)
     stats.t_prefill = clock() - start
 
     out: list[int] = []
     root = prompt[-1]
     while len(out) < max_new_tokens:
         t0 = clock()
-        # 1. Draft: the policy grows a tree under the root, one draft call per level.
+        # 1. Draft: the source grows a tree under the root (a model source: the policy decides
+        #    the shape, one draft call per level).
         builder = TreeBuilder(root)
-        if drafter is not None:
-            policy.build(builder, drafter, drafter.begin_round(builder))
+        if source is not None:
+            source.draft(builder, policy)
         tree = builder.freeze()
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
@@ -257,8 +251,8 @@ def _decode(
             path, bonus = sync.decide(path, bonus, tree.max_depth, rng if random else None)
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
         target.compact(prefix, rows[[0, *path]])
-        if drafter is not None:  # (a feature draft gets the target's features of the root and path)
-            drafter.commit(path, bonus, logits.hidden[[0, *path]] if features else None)
+        if source is not None:  # (a feature source gets the target's features of the root and path)
+            source.commit(tree, path, bonus, logits.hidden[[0, *path]] if features else None)
         new = tree.tokens[path].tolist() + [bonus]
         new = _truncate(new, max_new_tokens - len(out), stop)
         hit = stop_text is not None and stop_text.cut(out, new)
@@ -277,7 +271,7 @@ def _decode(
                 accepted=accepted,
                 drafted=tree.num_drafted,
                 depth=tree.max_depth,
-                draft_calls=drafter.calls if drafter is not None else 0,
+                draft_calls=source.calls if source is not None else 0,
                 t_draft=t1 - t0,
                 t_verify=t2 - t1,
                 t_commit=t3 - t2,
@@ -350,15 +344,6 @@ def _check_prompt(input_ids: torch.Tensor | Sequence[int], target: torch.nn.Modu
     if lo < 0 or hi >= vocab:
         raise DynaTreeError(f"token id {hi if hi >= vocab else lo} out of range for the target vocabulary (size {vocab})")
     return ids.tolist()
-
-
-def _check_vocab(target: torch.nn.Module, draft: torch.nn.Module, allow: bool) -> None:
-    vt, vd = vocab_size(target), vocab_size(draft)
-    if vt != vd and not allow:
-        raise DynaTreeError(
-            f"draft vocabulary ({vd} tokens) differs from the target's ({vt}); the models must share a "
-            "tokenizer (pass allow_vocab_mismatch=True / --allow-vocab-mismatch if you know the ids agree)"
-        )
 
 
 def max_positions(model: torch.nn.Module) -> int | None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dynatree.drafts.model import Drafter
+from dynatree.core.draft_source import DraftSource
 from dynatree.errors import DynaTreeError
 from dynatree.core.tree import TreeBuilder
+
+if TYPE_CHECKING:
+    from dynatree.core.costmodel import CostProfile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +56,7 @@ class DraftPolicy(ABC):
         """Forget per-generation state (history); called at the start of every generate()."""
 
     @abstractmethod
-    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         """Add drafted nodes to ``tree`` (whose node 0 is the root).
 
         ``root_logits`` are the draft's logits for the root's children, already computed by the
@@ -75,6 +78,14 @@ class DraftPolicy(ABC):
     def state(self) -> dict[str, float]:
         """Adaptive parameters worth logging per round (empty for static policies)."""
         return {}
+
+    def wants_cost_model(self) -> bool:
+        """Whether the loop should measure the target's verify cost and hand it to
+        :meth:`use_cost_model` before the run (a budget chosen from the hardware). Default: no."""
+        return False
+
+    def use_cost_model(self, profile: "CostProfile | None") -> None:
+        """Receive the measured cost profile (called only if :meth:`wants_cost_model` said yes)."""
 
 
 def add_top_children(

@@ -45,7 +45,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from dynatree.drafts.model import Drafter
+from dynatree.core.draft_source import DraftSource
 from dynatree.core.sampling import DraftSampler, without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
@@ -101,7 +101,7 @@ class SampledTreePolicy(DraftPolicy):
         self.draft_rows = 0
         return self.sampler
 
-    def _draft(self, drafter: Drafter, nodes: list[int]) -> torch.Tensor:
+    def _draft(self, drafter: DraftSource, nodes: list[int]) -> torch.Tensor:
         assert self.sampler is not None
         self.draft_rows += len(nodes)
         return self.sampler.probs(drafter.forward(nodes))
@@ -114,7 +114,7 @@ class DySpec(SampledTreePolicy):
     name: ClassVar[str] = "dyspec"
     Config = DySpecConfig
 
-    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         sampler = self._start()
         budget = self.config.max_nodes
         dist: dict[int, torch.Tensor] = {0: sampler.probs(root_logits)}  # node -> its draft distribution

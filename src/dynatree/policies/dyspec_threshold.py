@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.drafts.model import Drafter
+from dynatree.core.draft_source import DraftSource
 from dynatree.core.sampling import without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
@@ -48,7 +48,7 @@ class DySpecThreshold(SampledTreePolicy):
     name: ClassVar[str] = "dyspec-threshold"
     Config = DySpecThresholdConfig
 
-    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         sampler = self._start()
         t, cap = self.config.threshold, self.config.max_nodes
         leaves: list[tuple[int, float]] = [(0, 1.0)]  # (node, value) of the current layer

@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from dynatree.drafts.model import Drafter
+from dynatree.core.draft_source import DraftSource
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy, add_top_children
@@ -49,7 +49,7 @@ class FixedTree(DraftPolicy):
     name: ClassVar[str] = "fixed"
     Config = FixedTreeConfig
 
-    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         cfg = self.config
         log_tau = math.log(cfg.tau) if cfg.tau > 0 else -math.inf
         drop = log_tau if cfg.prune == "drop" else None

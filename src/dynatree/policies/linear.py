@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.drafts.model import Drafter
+from dynatree.core.draft_source import DraftSource
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy
@@ -27,7 +27,7 @@ class Linear(DraftPolicy):
     name: ClassVar[str] = "linear"
     Config = LinearConfig
 
-    def build(self, tree: TreeBuilder, drafter: Drafter, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         logp = torch.log_softmax(root_logits, -1)
         node = 0
         for i in range(self.config.k):

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, St
 
 from dynatree.runtime import distributed
 from dynatree.runtime.devices import check_compiler
+from dynatree.core.kv import KVModel  # noqa: F401  (the protocol these classes implement)
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
 from dynatree.runtime.window import AttentionLayout, attention_layout, layer_masks
@@ -71,41 +72,19 @@ def compact(cache: DynamicCache | StaticCache, start: int, keep: Sequence[int] |
             layer.values = layer.values[..., : start + k, :]
 
 
+def vocab_size(model: torch.nn.Module) -> int:
+    """The width of ``model``'s logits: its output embedding's rows, else the (text) config's ``vocab_size``.
+
+    The one way the package reads a vocabulary size: the engine, the draft/target check and
+    :func:`dynatree.loading.models.check_compatible` all call this."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None and hasattr(out, "weight"):
+        return int(out.weight.shape[0])
+    config = model.config
+    return int((config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size)
+
+
 # ------------------------------------------------------------------------- model + its cache
-class KVModel(Protocol):
-    """What the decoding loop, the drafter, the verifier and the cost model use of a model and its
-    KV cache. :class:`CachedModel` (dynamic HF cache), :class:`StaticCachedModel` (pre-allocated,
-    bucketed, compilable) and :class:`~dynatree.runtime.streaming.StreamingKV` (sink + window eviction)
-    implement it; rows are addressed by logical index (``length`` counts every cached token)."""
-
-    engine: str
-    model: torch.nn.Module
-    vocab_size: int
-    device: torch.device
-    dtype: torch.dtype
-    calls: int
-
-    @property
-    def length(self) -> int: ...
-
-    def prefill(self, tokens: Sequence[int], hidden: bool = False) -> torch.Tensor | None: ...
-
-    def forward(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                since: int, last_only: bool = False) -> torch.Tensor: ...
-
-    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                       since: int) -> torch.Tensor: ...
-
-    def call(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
-             base: bool = False, **inputs: Any) -> Any: ...
-
-    def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None: ...
-
-    def apply_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
-
-    def supports_lazy_head(self) -> bool: ...
-
-
 class CachedModel:
     """A causal LM together with its KV cache: the one place that calls the model while decoding.
 

@@ -129,17 +129,3 @@ def check_compiler(dev: torch.device) -> None:
 
         if not has_triton_package():
             raise DynaTreeError("--compile on cuda needs Triton: pip install triton (or drop --compile)")
-
-
-def sync_clock(device: torch.device) -> Callable[[], float]:
-    """A wall clock that first waits for the device's queued work (CUDA kernels run asynchronously),
-    so per-phase times are real; on a CPU it is ``time.perf_counter``. The one clock the engine,
-    the bench and the cost model time with."""
-    if device.type != "cuda":
-        return time.perf_counter
-
-    def tick() -> float:
-        torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    return tick

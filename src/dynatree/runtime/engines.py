@@ -1,10 +1,10 @@
 """Which engine a run gets and the model+cache objects it runs on.
 
 :func:`resolve` decides what :class:`~dynatree.options.EngineOptions` leaves to "auto";
-:func:`cached_pair` hands out the target's and the draft's model+cache objects, pooling the static
-ones per model (their compiled graphs are tied to the cache storage, so reusing the object is what
-spares a second call from compiling again); :func:`precompile` builds every graph of that pool up
-front. The decoding loop itself (:mod:`dynatree.loop.generate`) only consumes what this module builds.
+:func:`cached_model` hands out model+cache objects, pooling the static ones per model (their
+compiled graphs are tied to the cache storage, so reusing the object is what spares a second call
+from compiling again); :func:`dynatree.loop.precompile.precompile` builds every graph of that pool
+up front. The decoding loop itself (:mod:`dynatree.loop.generate`) only consumes what this module builds.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import torch
 from dynatree.runtime import distributed
 from dynatree.runtime.cache import CachedModel, StaticCachedModel
 from dynatree.errors import DynaTreeError
-from dynatree.drafts.feature_head import uses_target_features
-from dynatree.loading.models import vocab_size
 from dynatree.options import CacheOptions, EngineOptions
 
 # "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
@@ -111,47 +109,11 @@ _STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, CacheOption
     weakref.WeakKeyDictionary())
 
 
-def precompile(
-    target: torch.nn.Module,
-    draft: torch.nn.Module | None,
-    max_rows: int,
-    options: EngineOptions | None = None,
-    *,
-    compile: bool | str | None = None,
-    buckets: tuple[int, ...] | None = None,
-    cpu_linear: bool | None = None,
-) -> None:
-    """Build every bucket's graph of the pooled static engines now, for runs of up to ``max_rows``
-    (prompt + new tokens), so that no compilation lands inside a timed generation.
-
-    Which buckets a run touches depends on the trees it happens to build, so warm-up runs alone
-    can leave a graph to be compiled in the middle of a measurement (vLLM likewise captures all
-    its CUDA-graph batch sizes at start-up). ``options`` (or the keywords) are those the runs will
-    use; the engine is the static one, compiled unless ``compile=False``.
-    """
-    options = EngineOptions.merge(options, compile=compile, buckets=buckets, cpu_linear=cpu_linear)
-    if options.engine == "hf":
-        raise DynaTreeError("precompile builds the static engine's graphs, and these options pick engine='hf'")
-    options = options.replace(engine="static", compile=True if options.compile is None else options.compile)
-    options = resolve(options, target)
-    with torch.inference_mode(), eval_mode([m for m in (target, draft) if m is not None]):
-        for kv in cached_pair(target, draft, vocab_size(target), options, max_rows):
-            if kv is not None:
-                kv.precompile()
-
-
-def cached_pair(target: torch.nn.Module, draft: torch.nn.Module | None, vocab: int, options: EngineOptions,
-                rows: int) -> tuple[CachedModel, CachedModel | None]:
-    """Target and draft caches for runs of up to ``rows`` tokens under resolved ``options``, plus
-    room for one tree (the draft also holds expanded nodes of several levels)."""
+def cached_target(target: torch.nn.Module, vocab: int, options: EngineOptions, rows: int) -> CachedModel:
+    """The target's model+cache for runs of up to ``rows`` tokens under resolved ``options``, plus
+    room for one tree of the largest bucket."""
     cache = options.cache_options(next(target.parameters()).device.type)
-    big = StaticCachedModel.BUCKETS[-1]
-    target_kv = cached_model(target, vocab, options.engine, rows + big, cache)
-    # A feature draft's calls take the target's features as an extra input: eager hf engine (it is
-    # one small layer, so the static engine's fixed shapes would buy it little).
-    draft_engine = "hf" if uses_target_features(draft) else options.engine
-    draft_kv = cached_model(draft, vocab, draft_engine, rows + 4 * big, cache) if draft is not None else None
-    return target_kv, draft_kv
+    return cached_model(target, vocab, options.engine, rows + StaticCachedModel.BUCKETS[-1], cache)
 
 
 def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, cache: CacheOptions) -> CachedModel:

@@ -32,6 +32,7 @@ import torch
 
 from dynatree.runtime.cache import CachedModel, compact
 from dynatree.errors import DynaTreeError
+from dynatree.options import check_window
 from dynatree.runtime.window import attention_layout
 
 #: Architectures whose rotary embedding is ``x * cos + rotate_half(x) * sin`` on the first dims.
@@ -50,10 +51,7 @@ class StreamingConfig:
     evict_chunk: int = 64
 
     def __post_init__(self) -> None:
-        if not isinstance(self.window, int) or self.window < 1:
-            raise DynaTreeError(f"kv_window must be a positive integer, got {self.window!r}")
-        if not isinstance(self.sinks, int) or self.sinks < 0:
-            raise DynaTreeError(f"kv_sinks must be an integer >= 0, got {self.sinks!r}")
+        check_window(self.window, self.sinks)
         if not isinstance(self.evict_chunk, int) or self.evict_chunk < 1:
             raise DynaTreeError(f"evict_chunk must be a positive integer, got {self.evict_chunk!r}")
 

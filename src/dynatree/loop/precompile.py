@@ -1,0 +1,47 @@
+"""Compile every graph a run could need before timing it (the public :func:`dynatree.precompile`)."""
+
+from __future__ import annotations
+
+import torch
+
+from dynatree.drafts.registry import source_for
+from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions
+from dynatree.runtime.cache import vocab_size
+from dynatree.runtime.engines import cached_model, cached_target, eval_mode, resolve
+
+
+def precompile(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    max_rows: int,
+    options: EngineOptions | None = None,
+    *,
+    compile: bool | str | None = None,
+    buckets: tuple[int, ...] | None = None,
+    cpu_linear: bool | None = None,
+) -> None:
+    """Build every bucket's graph of the pooled static engines now, for runs of up to ``max_rows``
+    (prompt + new tokens), so that no compilation lands inside a timed generation.
+
+    Which buckets a run touches depends on the trees it happens to build, so warm-up runs alone
+    can leave a graph to be compiled in the middle of a measurement (vLLM likewise captures all
+    its CUDA-graph batch sizes at start-up). ``options`` (or the keywords) are those the runs will
+    use; the engine is the static one, compiled unless ``compile=False``.
+    """
+    options = EngineOptions.merge(options, compile=compile, buckets=buckets, cpu_linear=cpu_linear)
+    if options.engine == "hf":
+        raise DynaTreeError("precompile builds the static engine's graphs, and these options pick engine='hf'")
+    options = options.replace(engine="static", compile=True if options.compile is None else options.compile)
+    options = resolve(options, target)
+    vocab = vocab_size(target)
+    cache = options.cache_options(next(target.parameters()).device.type)
+    with torch.inference_mode(), eval_mode([m for m in (target, draft) if m is not None]):
+        kvs = [cached_target(target, vocab, options, max_rows)]
+        if draft is not None:
+            source = source_for(draft)
+            engine = source.draft_engine(options)
+            kvs += [cached_model(m, vocab, engine, max_rows + 4 * 256, cache) for m in source.models(draft)]
+        for kv in kvs:
+            if kv.engine == "static":
+                kv.precompile()
