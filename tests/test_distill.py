@@ -15,6 +15,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from dynatree.training import distill as D
 from dynatree.training import data as DD
 from dynatree.drafts import distilled as R
+from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.errors import DynaTreeError
 from dynatree.text.prose import training_paragraphs
 
@@ -127,15 +128,15 @@ def test_fingerprint_mismatch_raises(tmp_path: Path) -> None:
     target, other = tiny_target(0), tiny_target(1)
     draft = make_draft(target, list(range(0, VOCAB, 3)))
     R.save_draft(draft, tmp_path)
-    loaded = R.load_distilled_draft(target, tmp_path)
+    loaded = load_distilled_draft(target, tmp_path)
     ids = torch.randint(VOCAB, (1, 7))
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, draft(input_ids=ids).logits,
                                    atol=2e-2, rtol=2e-2)  # fp16 file
     with pytest.raises(DynaTreeError, match="distilled for target 'tiny'"):
-        R.load_distilled_draft(other, tmp_path)
+        load_distilled_draft(other, tmp_path)
     # the same target in another dtype is still recognised
-    R.load_distilled_draft(tiny_target(0).to(torch.bfloat16), tmp_path)
+    load_distilled_draft(tiny_target(0).to(torch.bfloat16), tmp_path)
 
 
 def test_config_validation() -> None:

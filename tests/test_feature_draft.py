@@ -19,7 +19,8 @@ from dynatree.training import features as F
 from dynatree.loop import generate as E
 from dynatree import generate
 from dynatree.training.config import DistillConfig
-from dynatree.drafts.distilled import DraftConfig, load_distilled_draft
+from dynatree.drafts.checkpoint import load_distilled_draft
+from dynatree.drafts.distilled import DraftConfig
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.errors import DynaTreeError
 from dynatree.drafts.feature_head import FeatureDraft

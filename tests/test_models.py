@@ -363,8 +363,8 @@ def test_resolve_draft_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loaded == [{"spec": "pythia-70m", "dtype": torch.float16, "device": target.device,
                        "attn_implementation": target.config._attn_implementation}]
 
-    without_loader = types.ModuleType("dynatree.drafts.distilled")
-    monkeypatch.setitem(sys.modules, "dynatree.drafts.distilled", without_loader)
+    without_loader = types.ModuleType("dynatree.drafts.checkpoint")
+    monkeypatch.setitem(sys.modules, "dynatree.drafts.checkpoint", without_loader)
     with pytest.raises(DynaTreeError, match="early-exit:8"):
         resolve_draft(DEFAULT_DRAFT, target)
     without_loader.load_distilled_draft = lambda model, folder: ("distilled for", model, folder.name)

@@ -17,8 +17,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def module_imports(root: Path) -> dict[str, set[str]]:
-    """Module -> the package modules it imports at module level (function-level imports and
-    ``if TYPE_CHECKING:`` blocks excluded: they do not run at import time)."""
+    """Module -> the package modules it imports anywhere in its code, function-level imports
+    included (a loop through a function body is still a loop); only ``if TYPE_CHECKING:`` blocks
+    are left out, since they never run."""
     names = {}
     for path in root.rglob("*.py"):
         name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
@@ -26,9 +27,7 @@ def module_imports(root: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in names}
     for name, path in names.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                continue
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -41,6 +40,54 @@ def module_imports(root: Path) -> dict[str, set[str]]:
             elif isinstance(node, ast.Import):
                 graph[name] |= {a.name for a in node.names if a.name in names and a.name != name}
     return graph
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+#: The layers, lowest first: a module may import its own layer and the layers below, never above.
+#: The decoding loop (``loop``) thus sees neither model loading, training, text corpora, the
+#: integrations nor the command line.
+LAYERS = [
+    ("surface", ["dynatree.errors", "dynatree.catalog", "dynatree.options"]),
+    ("core", ["dynatree.core"]),
+    ("runtime", ["dynatree.runtime"]),
+    ("policies", ["dynatree.policies"]),
+    ("drafts", ["dynatree.drafts"]),
+    ("loop", ["dynatree.loop"]),
+    ("loading and text", ["dynatree.loading", "dynatree.text"]),
+    ("training", ["dynatree.training"]),
+    ("integrations and bench", ["dynatree.integrations", "dynatree.hf", "dynatree.bench"]),
+    ("cli", ["dynatree.cli", "dynatree.bench.commands", "dynatree.__main__"]),
+    ("package", ["dynatree"]),
+]
+
+
+def layer_of(module: str) -> int:
+    """Index into :data:`LAYERS` of the longest prefix naming ``module``."""
+    best, rank = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), i
+    if rank < 0:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS")
+    return rank
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+                  for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -69,6 +116,19 @@ def test_no_import_cycle_in_the_package() -> None:
     assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
 
 
+def test_every_import_goes_down_the_layers() -> None:
+    graph = module_imports(SRC / "dynatree")
+    assert "dynatree.runtime.cache" in graph["dynatree.loop.generate"]  # function-level and module-level edges read
+    assert layer_violations(graph) == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {"dynatree.loop.generate": {"dynatree.loading.models"}, "dynatree.loading.models": set(),
+             "dynatree.core.tree": set()}
+    assert layer_violations(graph) == ["dynatree.loop.generate (loop) imports dynatree.loading.models (loading and text)"]
+    assert layer_violations({"dynatree.loading.models": {"dynatree.core.tree"}, "dynatree.core.tree": set()}) == []
+
+
 def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
@@ -76,10 +136,12 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     (pkg / "a.py").write_text("from .sub import b\n")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "b.py").write_text("import typing\nfrom ..a import thing\n")
-    (pkg / "c.py").write_text("def f():\n    from . import a\n")  # function-level: not a cycle edge
     assert cycle(module_imports(pkg)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
     (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import x\n")
     assert cycle(module_imports(pkg)) is None
+    # a loop through a function-level import is a loop all the same
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import thing\n")
+    assert cycle(module_imports(pkg)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
 
 
 @pytest.mark.parametrize("module", ["dynatree.cli", "dynatree", "dynatree.options", "dynatree.catalog"])

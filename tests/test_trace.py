@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import dynatree
-from dynatree.integrations.trace import TraceRecorder, token_text
+from dynatree.loop.trace import TraceRecorder, token_text
 from tiny import perturbed, tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
 

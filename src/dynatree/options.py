@@ -138,3 +138,28 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
 
 
 __all__ = ["CacheOptions", "EngineOptions", "parse_buckets"]
+
+
+# ----------------------------------------------------------------- name=value option strings
+def parse_options(items: list[str] | None) -> dict[str, Any]:
+    """``["k=5", "tau=0.1", "history=false"]`` -> ``{"k": 5, "tau": 0.1, "history": False}``."""
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise DynaTreeError(f"strategy option '{item}' must look like name=value")
+        options[key.strip().replace("-", "_")] = parse_value(raw.strip())
+    return options
+
+
+def parse_value(raw: str) -> Any:
+    """``"5"`` -> 5, ``"0.1"`` -> 0.1, ``"true"`` -> True, anything else stays a string."""
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw

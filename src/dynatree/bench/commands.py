@@ -204,10 +204,10 @@ def bench(
     needs_draft = any(s.uses_draft for s in specs)
     device, output, progress = run.device, run.output, run.progress
     if tp:
-        from dynatree.runtime import distributed
+        from dynatree.loading.tp import load_tp_pair
         from dynatree.loading import models
 
-        tmodel, dmodel, tok, draft_name = distributed.load_tp_pair(run.target, run.draft, needs_draft,
+        tmodel, dmodel, tok, draft_name = load_tp_pair(run.target, run.draft, needs_draft,
                                                                    models.parse_dtype(run.dtype))
         specs = [s for s in specs if s.name not in ("hf-assisted", "hf-generate")]  # HF generate: not run sharded here
         device = str(tmodel.device)

@@ -28,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynatree.cli.common import parse_value
+from dynatree.options import parse_value
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import make_policy

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dynatree.cli.common import parse_value
+from dynatree.options import parse_value
 from dynatree.errors import DynaTreeError
 from dynatree.bench.runner import BenchOutcome, BenchSettings, Prompt, RowCallback, run_bench
 from dynatree.bench.specs import AUTOREGRESSIVE, StrategySpec, dedupe_labels, format_spec

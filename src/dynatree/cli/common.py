@@ -2,8 +2,8 @@
 one-line errors, ``name=value`` option parsing, thread settings, and flags declared once for
 several commands (:func:`option_group`; the engine's flags: :func:`engine_flags`).
 
-Library code (``bench/specs.py``, ``bench/sweep.py``) parses option values with
-:func:`parse_value` from here, never from the CLI module.
+``name=value`` parsing itself lives in :mod:`dynatree.options` (torch- and typer-free), so the
+library's spec strings and the CLI share one syntax without the library importing the CLI.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions, parse_buckets
+from dynatree.options import EngineOptions, parse_buckets, parse_options, parse_value  # noqa: F401  (re-exported)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,29 +38,6 @@ def friendly_errors(fn: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def parse_options(items: list[str] | None) -> dict[str, Any]:
-    """``["k=5", "tau=0.1", "history=false"]`` -> ``{"k": 5, "tau": 0.1, "history": False}``."""
-    options: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise DynaTreeError(f"strategy option '{item}' must look like name=value")
-        options[key.strip().replace("-", "_")] = parse_value(raw.strip())
-    return options
-
-
-def parse_value(raw: str) -> Any:
-    low = raw.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 TP_HELP = ("Shard the target over the torchrun processes (tensor parallelism, transformers' tp_plan); the "

@@ -87,7 +87,7 @@ def generate(
     policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
     torch_dtype = models.parse_dtype(dtype)
     if tp:  # target sharded over the torchrun processes, draft replicated (dynatree.runtime.distributed)
-        from dynatree.runtime.distributed import load_tp_pair
+        from dynatree.loading.tp import load_tp_pair
 
         tmodel, dmodel, tok, _ = load_tp_pair(target, draft, policy.uses_draft, torch_dtype, allow_vocab_mismatch)
         device = str(tmodel.device)
@@ -252,11 +252,11 @@ def distill_command(
 
     Resumable: rerun the same command after an interruption. The result is written to
     OUT/final (model.safetensors, config.json, metrics.json); load it with
-    ``dynatree.drafts.distilled.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
+    ``dynatree.drafts.checkpoint.load_distilled_draft(target, OUT/final)``. ``--device cuda`` labels and
     trains on a GPU (the target in fp32, like on CPU, so labels do not depend on the device's
     fp16 rounding): labelling is the cost that limits the draft on a CPU.
     """
-    from dynatree.training.distill import distill_with_target  # torch and transformers only when the command runs
+    from dynatree.training.run import distill_with_target  # torch and transformers only when the command runs
 
     set_threads(threads)
     cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,

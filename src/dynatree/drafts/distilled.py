@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -290,48 +290,6 @@ def save_draft(draft: DistilledDraft, path: str | os.PathLike[str],
     with _atomic(out / CONFIG_FILE) as tmp:
         Path(tmp).write_text(draft.draft_config.to_json())
     return out
-
-
-def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None = None
-                         ) -> DistilledDraft:
-    """Build a draft around ``target``'s embedding (shared) and load trained weights.
-
-    ``path`` defaults to the draft shipped for SmolLM2-135M-Instruct. Raises
-    :class:`DynaTreeError` when the files are missing or were trained against another target.
-    """
-    folder = Path(path) if path is not None else default_draft_path()
-    cfg_file, weights_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    if not cfg_file.is_file() or not weights_file.is_file():
-        raise DynaTreeError(f"no distilled draft in {folder} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
-    try:
-        cfg = DraftConfig.from_json(cfg_file.read_text())
-    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
-        raise DynaTreeError(f"{cfg_file} is not a valid draft config: {err}") from err
-    embedding = target.get_input_embeddings()
-    got = TargetFingerprint.of(embedding.weight)
-    if not cfg.fingerprint.matches(got):
-        raise DynaTreeError(
-            f"the draft in {folder} was distilled for target '{cfg.target_name}' (embedding "
-            f"{cfg.fingerprint.shape[0]}x{cfg.fingerprint.shape[1]}); the given "
-            f"{type(target).__name__} (embedding {got.shape[0]}x{got.shape[1]}) is a different "
-            "model")
-    draft = draft_class(cfg.kind)(cfg, embedding)
-    state = load_file(str(weights_file))
-    expected = set(draft.trainable_state_dict())
-    if set(state) != expected:
-        raise DynaTreeError(f"{weights_file} holds tensors {sorted(set(state) ^ expected)[:4]} "
-                            "that do not match its config")
-    draft.load_state_dict(state, strict=False)
-    return draft.to(dtype=embedding.weight.dtype).eval()
-
-
-def draft_class(kind: str) -> type[DistilledDraft]:
-    """The module class of a draft ``kind`` (see :attr:`DraftConfig.kind`)."""
-    if kind == "feature":
-        from dynatree.drafts.feature_head import FeatureDraft  # imported here: feature_draft builds on this module
-
-        return FeatureDraft
-    return DistilledDraft
 
 
 class _atomic:

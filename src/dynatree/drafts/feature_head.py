@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from dynatree.drafts.distilled import DistilledDraft, DraftConfig
+from dynatree.drafts.distilled import DistilledDraft, DraftConfig, _decoder
 
 
 class FeatureDraft(DistilledDraft):
@@ -76,7 +76,6 @@ class FeatureDraft(DistilledDraft):
         embedding term, so the untrained head begins near "the next token is the target's
         prediction at the parent"."""
         super().init_from_target(target)
-        from dynatree.drafts.distilled import _decoder
 
         layers = _decoder(target).layers
         for i, layer in enumerate(self.model.layers):

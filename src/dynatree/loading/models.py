@@ -275,11 +275,11 @@ def resolve_draft(
 
 
 def _load_distilled_draft(target: PreTrainedModel, folder: str) -> nn.Module:
-    """The distilled draft from :mod:`dynatree.drafts.distilled`, when that module provides one."""
+    """The distilled draft from :mod:`dynatree.drafts.checkpoint`, when that module provides one."""
     try:
-        distill = importlib.import_module("dynatree.drafts.distilled")
+        distill = importlib.import_module("dynatree.drafts.checkpoint")
     except ModuleNotFoundError as exc:
-        if exc.name != "dynatree.drafts.distilled":
+        if exc.name != "dynatree.drafts.checkpoint":
             raise
         distill = None
     loader = getattr(distill, "load_distilled_draft", None)

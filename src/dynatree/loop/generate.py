@@ -119,7 +119,7 @@ def generate(
             committed tokens, the drafted tree, the accepted path): what streamers and the trace
             page are fed from, as soon as a round commits rather than at the end.
         trace: write a self-contained HTML page of every round's tree to this path
-            (:mod:`dynatree.integrations.trace`; token text needs ``tokenizer``).
+            (:mod:`dynatree.loop.trace`; token text needs ``tokenizer``).
         options: the engine settings above (``engine`` to ``cpu_linear``) as one
             :class:`~dynatree.options.EngineOptions`; keywords then left at their defaults defer to
             it, and one that contradicts it is refused.
@@ -184,7 +184,7 @@ def generate(
                                               options.buckets, options.cpu_linear, log=notice))
         recorder = None
         if trace is not None:
-            from dynatree.integrations.trace import TraceRecorder
+            from dynatree.loop.trace import TraceRecorder
 
             recorder = TraceRecorder(tokenizer, on_round)
             on_round = recorder

@@ -208,13 +208,13 @@ def label_prompts(target: nn.Module, prompts: torch.Tensor, chat: torch.Tensor,
             parts = saved["parts"]
     starts = range(0, len(prompts), cfg.gen_batch)
     last_save = time.monotonic()
-    bar = _progress(total=len(starts), initial=len(parts), desc=desc, enabled=progress)
+    bar = progress_bar(total=len(starts), initial=len(parts), desc=desc, enabled=progress)
     for i in list(starts)[len(parts):]:
         parts.append(label_batch(target, prompts[i:i + cfg.gen_batch], cfg.new_tokens, cfg.top_k,
                                  eos_token_id))
         bar.update(1)
         if partial is not None and (time.monotonic() - last_save > 60 or i == starts[-1]):
-            _atomic_save({"key": json.dumps(cfg.data_key()), "prompts": prompts, "parts": parts},
+            atomic_save({"key": json.dumps(cfg.data_key()), "prompts": prompts, "parts": parts},
                          partial)
             last_save = time.monotonic()
     bar.close()
@@ -261,19 +261,19 @@ def labelled_data(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: Disti
         train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
                               partial=out / "data.partial.pt", progress=progress,
                               desc="target labels (train)")
-        _atomic_save({"key": key, "fingerprint": asdict(fingerprint),
+        atomic_save({"key": key, "fingerprint": asdict(fingerprint),
                       "train": train.as_dict(), "eval": evals.as_dict()}, data_path)
         for name in ("eval.partial.pt", "data.partial.pt"):  # the complete data is in data.pt
             (out / name).unlink(missing_ok=True)
 
     return train, evals
 
-def _atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: Any, path: Path) -> None:
     with _atomic(path) as tmp:
         torch.save(obj, tmp)
 
 
-def _progress(*, total: int, initial: int, desc: str, enabled: bool) -> Any:
+def progress_bar(*, total: int, initial: int, desc: str, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)

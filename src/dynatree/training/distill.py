@@ -39,8 +39,8 @@ from dynatree.training.config import DistillConfig
 from dynatree.training.data import (
     LabelledData,
     Tokenizer,
-    _atomic_save,
-    _progress,
+    atomic_save,
+    progress_bar,
     choose_vocab_subset,
     labelled_data,
 )
@@ -53,7 +53,7 @@ FINAL_DIR = "final"
 
 
 # ------------------------------------------------------------------------------------- training
-def _subset_targets(data: LabelledData, subset: torch.Tensor, vocab_size: int
+def subset_targets(data: LabelledData, subset: torch.Tensor, vocab_size: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k ids -> subset indices (-1 if absent) and soft targets renormalised over the subset."""
     lookup = torch.full((vocab_size,), -1, dtype=torch.long)
@@ -92,7 +92,7 @@ def _train_step(draft: DistilledDraft, optimizer: torch.optim.Optimizer,
     return float(loss.detach()), float(agree)
 
 
-def _lr_at(step: int, cfg: DistillConfig) -> float:
+def lr_at(step: int, cfg: DistillConfig) -> float:
     """Linear warm-up, then cosine decay to 10% of ``lr``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -169,7 +169,7 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
         raw_generated=rate(gen & ~chat), positions=int(gen.sum()))
 
 
-def _draft_config(target: nn.Module, tokenizer: Tokenizer, train: LabelledData, cfg: DistillConfig,
+def draft_config_for(target: nn.Module, tokenizer: Tokenizer, train: LabelledData, cfg: DistillConfig,
                   target_name: str, kind: str = "independent") -> tuple[list[int], DraftConfig]:
     """Step 3: the vocabulary subset (+ EOS) and the draft's architecture."""
     always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -204,7 +204,7 @@ def start_training(draft: nn.Module, cfg: DistillConfig, subset: list[int], ckpt
 def save_checkpoint(path: Path, step: int, cfg: DistillConfig, subset: list[int], draft: nn.Module,
                     optimizer: torch.optim.Optimizer, gen: torch.Generator) -> None:
     """Everything :func:`start_training` needs to resume exactly (atomic write)."""
-    _atomic_save({"step": step, "config": asdict(cfg), "vocab_subset": subset,
+    atomic_save({"step": step, "config": asdict(cfg), "vocab_subset": subset,
                   "draft": draft.trainable_state_dict(), "optimizer": optimizer.state_dict(),
                   "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, path)
 
@@ -234,19 +234,19 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
     torch.manual_seed(cfg.seed)
     ckpt_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
     train, evals = labelled_data(target, tokenizer, out, cfg, documents, progress)
-    subset, dcfg = _draft_config(target, tokenizer, train, cfg, target_name)
+    subset, dcfg = draft_config_for(target, tokenizer, train, cfg, target_name)
     draft = DistilledDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
     optimizer, gen, step = start_training(draft, cfg, subset, ckpt_path, log_path, resume)
 
-    idx, probs = _subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
+    idx, probs = subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
     batches = _batches(train, idx, probs, cfg, gen)
-    bar = _progress(total=cfg.steps, initial=step, desc="distilling", enabled=progress)
+    bar = progress_bar(total=cfg.steps, initial=step, desc="distilling", enabled=progress)
     t0 = time.monotonic()
     with open(log_path, "a", encoding="utf-8") as log:
         while step < cfg.steps:
             for group in optimizer.param_groups:
-                group["lr"] = _lr_at(step, cfg)
+                group["lr"] = lr_at(step, cfg)
             loss, agree = _train_step(draft, optimizer, next(batches))
             step += 1
             end_step(log, bar, step, loss, agree, cfg, t0, lambda: evaluate(draft, evals),
@@ -260,7 +260,7 @@ def end_step(log: Any, bar: Any, step: int, loss: float, agree: float, cfg: Dist
     """One JSON line per step (held-out ``score`` every ``eval_every``), the progress bar, and a
     checkpoint every ``checkpoint_every`` steps and at the last."""
     record: dict[str, Any] = {"step": step, "loss": round(loss, 5), "agree": round(agree, 5),
-                              "lr": _lr_at(step - 1, cfg), "seconds": round(time.monotonic() - t0, 2)}
+                              "lr": lr_at(step - 1, cfg), "seconds": round(time.monotonic() - t0, 2)}
     if step % cfg.eval_every == 0 or step == cfg.steps:
         record["eval"] = asdict(score())
     log.write(json.dumps(record) + "\n")
@@ -280,21 +280,6 @@ def save_final(draft: DistilledDraft, out: Path, train: LabelledData, cfg: Disti
 
 
 # ---------------------------------------------------------------------------------------- CLI
-def distill_with_target(target: str, cfg: DistillConfig, *, out: Path, resume: bool = True,
-                        device: str = "cpu", progress: bool = True) -> tuple[Path, dict[str, Any]]:
-    """Load ``target`` (a preset, path or hub id) on ``device`` and run :func:`distill`; returns the
-    final folder and its held-out metrics. What ``dynatree distill`` runs."""
-    from dynatree.loading.models import load_model  # local: model loading pulls in optional dependencies
-
-    model, tokenizer = load_model(target, device=device)  # checks the device first (one-line errors)
-    train = distill
-    if cfg.kind == "feature":
-        from dynatree.training.features import distill_features as train  # builds on this module
-
-    final = train(model, tokenizer, out_dir=out, config=cfg, target_name=target, resume=resume, progress=progress)
-    return final, json.loads((final / "metrics.json").read_text())["eval"]
-
-
 # ------------------------------------------------------------------------------------ helpers
 def _truncate_log(path: Path, step: int) -> None:
     """Drop log lines past the checkpoint being resumed (or all of them on a fresh start), so

@@ -35,16 +35,16 @@ from dynatree.training.distill import (
     CHECKPOINT_FILE,
     LOG_FILE,
     Agreement,
-    _draft_config,
-    _lr_at,
-    _subset_targets,
+    draft_config_for,
+    lr_at,
+    subset_targets,
     distill_loss,
     end_step,
     save_checkpoint,
     save_final,
     start_training,
 )
-from dynatree.training.data import LabelledData, Tokenizer, _atomic_save, _progress, labelled_data
+from dynatree.training.data import LabelledData, Tokenizer, atomic_save, progress_bar, labelled_data
 from dynatree.text.corpora import Text
 from dynatree.catalog import DEFAULT_TARGET
 from dynatree.training.config import DistillConfig
@@ -71,13 +71,13 @@ def target_features(target: nn.Module, tokens: torch.Tensor, *, batch: int = 16,
         feats, start = torch.empty(n, length, target.config.hidden_size, dtype=torch.float16), 0
     else:
         start = int(done["next"])
-    bar = _progress(total=n, initial=start, desc=desc, enabled=progress)
+    bar = progress_bar(total=n, initial=start, desc=desc, enabled=progress)
     for i in range(start, n, batch):
         hidden = target.base_model(input_ids=tokens[i:i + batch].to(device)).last_hidden_state
         feats[i:i + batch] = hidden.to(torch.float16).cpu()
         bar.update(min(batch, n - i))
         if partial is not None and (i // batch) % 16 == 15:
-            _atomic_save({"features": feats, "next": i + batch}, partial)
+            atomic_save({"features": feats, "next": i + batch}, partial)
     bar.close()
     return feats
 
@@ -96,7 +96,7 @@ def features_for(target: nn.Module, train: LabelledData, evals: LabelledData, ou
                          desc="target features (held-out)")
     tr = target_features(target, train.tokens, partial=out / "features-train.partial.pt", progress=progress,
                          desc="target features (train)")
-    _atomic_save({"key": key, "fingerprint": asdict(fingerprint), "train": tr, "eval": ev}, path)
+    atomic_save({"key": key, "fingerprint": asdict(fingerprint), "train": tr, "eval": ev}, path)
     for name in ("features-eval.partial.pt", "features-train.partial.pt"):
         (out / name).unlink(missing_ok=True)
     return tr, ev
@@ -217,14 +217,14 @@ def distill_features(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | 
     ckpt_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
     train, evals = labelled_data(target, tokenizer, out, cfg, documents, progress)
     feats, eval_feats = features_for(target, train, evals, out, cfg, progress=progress)
-    subset, dcfg = _draft_config(target, tokenizer, train, cfg, target_name, kind="feature")
+    subset, dcfg = draft_config_for(target, tokenizer, train, cfg, target_name, kind="feature")
     draft = FeatureDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
     optimizer, gen, step = start_training(draft, cfg, subset, ckpt_path, log_path, resume)
 
-    idx, probs = _subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
+    idx, probs = subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
     length = train.tokens.shape[1]
-    bar = _progress(total=cfg.steps, initial=step, desc="distilling (feature head)", enabled=progress)
+    bar = progress_bar(total=cfg.steps, initial=step, desc="distilling (feature head)", enabled=progress)
     t0 = time.monotonic()
     with open(log_path, "a", encoding="utf-8") as log:
         while step < cfg.steps:
@@ -234,7 +234,7 @@ def distill_features(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | 
             batch = tuple(t.to(draft.device) for t in (train.tokens[r, c], feats[r, c], idx[r, c], probs[r, c],
                                                        train.valid[r, c]))
             for group in optimizer.param_groups:
-                group["lr"] = _lr_at(step, cfg)
+                group["lr"] = lr_at(step, cfg)
             draft.train()
             loss, agree = _level_losses(draft, batch, cfg)
             optimizer.zero_grad(set_to_none=True)
