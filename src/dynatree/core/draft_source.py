@@ -62,6 +62,11 @@ class DraftSource(ABC):
         return []
 
     @classmethod
+    def max_depth(cls, draft: Any) -> int:
+        """The deepest tree this source grows by itself (beyond the policy's), for position checks."""
+        return 0
+
+    @classmethod
     def draft_engine(cls, options: "EngineOptions") -> str:
         """The engine its model runs on under resolved ``options`` (what ``precompile`` builds)."""
         return options.engine

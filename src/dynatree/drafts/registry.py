@@ -12,9 +12,10 @@ from typing import Any
 from dynatree.core.draft_source import DraftSource
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
+from dynatree.drafts.suffix import HybridDraft, SuffixDraft
 from dynatree.errors import DynaTreeError
 
-SOURCES: list[type[DraftSource]] = [FeatureDrafter, Drafter]
+SOURCES: list[type[DraftSource]] = [SuffixDraft, HybridDraft, FeatureDrafter, Drafter]
 
 
 def source_for(draft: Any) -> type[DraftSource]:

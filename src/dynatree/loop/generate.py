@@ -140,19 +140,19 @@ def generate(
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     policy.limit_depth(max_new_tokens)  # deeper nodes could never be committed
-    if policy.uses_draft and draft is None:
-        raise DynaTreeError(f"strategy '{policy.name}' needs a draft model (draft=None)")
     vocab = vocab_size(target)
+    # draft=None: speculate from the text itself (the suffix source)
     source_cls = source_for(draft) if policy.uses_draft else None
     models = [target] + (source_cls.models(draft) if source_cls is not None else [])
+    depth = max(policy.max_depth(), source_cls.max_depth(draft) if source_cls is not None else 0)
     streaming = None
     if options.kv_window is not None:
         streaming = StreamingConfig(options.kv_window, options.kv_sinks)
         ropes = [find_rope(m) for m in models]
         for m in models:
-            streaming.check(m, policy.max_depth(), max_positions(m))
+            streaming.check(m, depth, max_positions(m))
     else:
-        prompt = _fit_positions(prompt, max_new_tokens, policy.max_depth(), models, truncate_prompt)
+        prompt = _fit_positions(prompt, max_new_tokens, depth, models, truncate_prompt)
     stop = _eos_set(target, eos_token_id)
     if isinstance(stop_strings, str):
         stop_strings = [stop_strings]
@@ -177,7 +177,7 @@ def generate(
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
-        if streaming is None and policy.wants_cost_model():
+        if streaming is None and len(models) > 1 and policy.wants_cost_model():  # (no draft model: no tree budget)
             from dynatree.core.costmodel import profile_for  # the tree budget from the measured verify cost
 
             policy.use_cost_model(profile_for(target_kv, target, options.engine, options.compile, lazy_head,

@@ -1,0 +1,176 @@
+"""Draft sources that read the text itself: a suffix index over the prompt and the output so far.
+
+* :class:`SuffixDraft` -- no draft model at all (``generate(target, None, ids)``): each round's
+  tree is the index's best-first proposal (SuffixDecoding's idea: the longest suffix of the text
+  that occurred before, and the continuations that followed it, with count-based probabilities).
+* :class:`HybridDraft` -- a draft model *and* the text, in one verified tree: where the text is
+  confident (its proposal's expected accepted length reaches ``confident``) the model is not
+  called at all; elsewhere the policy grows the model's tree and the text's proposal is merged
+  into it under one root, sharing the nodes the two agree on.
+
+Suffix children are deterministic proposals (chosen by counts, not drawn), which lossless sampling
+verifies with q = 1, so both sources are exact at any temperature. Text nodes are never attached
+below a node whose children were *sampled* (DySpec), which verification reads as all drawn from
+one distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dynatree.core.draft_source import DraftSource, SourceContext
+from dynatree.core.tree import TokenTree, TreeBuilder
+from dynatree.drafts.feature import FeatureDrafter
+from dynatree.drafts.model import Drafter
+from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixSource
+from dynatree.errors import check
+
+if TYPE_CHECKING:
+    from dynatree.policies.base import DraftPolicy
+
+
+@dataclass(frozen=True)
+class TextDraft:
+    """How to draft from the text: pass as ``draft=`` (or ``draft=None`` for these defaults), or
+    wrap a draft model with ``model=`` for one tree from both sources.
+
+    ``budget``: most text nodes per round; ``min_prob``, ``alpha``, ``max_spec``: the suffix
+    proposal's probability floor and depth cap ``min(max_spec, ceil(alpha * match_len))``;
+    ``confident``: with a model, the expected accepted length (sum of the proposal's path
+    probabilities) from which the model sits the round out; ``cache``: a :class:`SuffixCache`
+    shared across requests (chat turns, the prompts of a bench run), or None.
+    """
+
+    model: torch.nn.Module | None = None
+    budget: int = 16
+    min_prob: float = 0.1
+    alpha: float = 8.0
+    max_spec: int = 32
+    confident: float = 2.0
+    cache: SuffixCache | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.budget, int) and self.budget >= 1, "budget", "an integer >= 1", self.budget)
+        check(0.0 <= self.min_prob <= 1.0, "min_prob", "a number in [0, 1]", self.min_prob)
+        check(self.alpha > 0, "alpha", "a number > 0", self.alpha)
+        check(isinstance(self.max_spec, int) and self.max_spec >= 1, "max_spec", "an integer >= 1", self.max_spec)
+        check(self.confident >= 0, "confident", "a number >= 0", self.confident)
+
+    def index(self) -> SuffixSource:
+        return SuffixSource(self.cache, min_prob=self.min_prob, alpha=self.alpha, max_spec=self.max_spec)
+
+
+class SuffixDraft(DraftSource):
+    """Speculation with no draft model: the tree is the suffix index's proposal."""
+
+    name = "suffix"
+
+    @classmethod
+    def accepts(cls, draft: Any) -> bool:
+        return draft is None or (isinstance(draft, TextDraft) and draft.model is None)
+
+    @classmethod
+    def max_depth(cls, draft: Any) -> int:
+        return (draft or TextDraft()).max_spec
+
+    @classmethod
+    def open(cls, draft: Any, context: SourceContext) -> "SuffixDraft":
+        return cls(draft if draft is not None else TextDraft())
+
+    def __init__(self, config: TextDraft) -> None:
+        self.config = config
+        self.text = config.index()
+
+    def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
+        self.text.start(list(prompt))
+
+    def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
+        self.text.propose(self.config.budget).add_to(builder)
+
+    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
+        self.text.commit(committed_tokens(tree, accepted, bonus))
+
+
+class HybridDraft(DraftSource):
+    """A draft model and the text in one tree (see the module docstring)."""
+
+    name = "hybrid"
+
+    @classmethod
+    def accepts(cls, draft: Any) -> bool:
+        return isinstance(draft, TextDraft) and draft.model is not None
+
+    @classmethod
+    def models(cls, draft: Any) -> list[torch.nn.Module]:
+        return [draft.model]
+
+    @classmethod
+    def max_depth(cls, draft: Any) -> int:
+        return draft.max_spec
+
+    @classmethod
+    def open(cls, draft: Any, context: SourceContext) -> "HybridDraft":
+        model = FeatureDrafter if FeatureDrafter.accepts(draft.model) else Drafter  # the model part's own source
+        return cls(draft, model.open(draft.model, context))
+
+    def __init__(self, config: TextDraft, model: DraftSource) -> None:
+        self.config, self.model = config, model
+        self.wants_features = model.wants_features  # type: ignore[misc]
+        self.text = config.index()
+
+    @property
+    def calls(self) -> int:
+        return self.model.calls if self._called else 0
+
+    def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
+        self.text.start(list(prompt))
+        self.model.prefill(prompt, features)
+        self._called = False
+
+    def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
+        proposal = self.text.propose(self.config.budget)
+        self._called = proposal.score < self.config.confident
+        if self._called:  # the text is unsure: the model drafts, the text joins in
+            self.model.draft(builder, policy)
+            merge(builder, proposal)
+        else:
+            proposal.add_to(builder)
+
+    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
+        self.text.commit(committed_tokens(tree, accepted, bonus))
+        self.model.commit(tree, accepted, bonus, features)
+
+    def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
+        return self.model.begin_round(builder)
+
+    def forward(self, nodes: Sequence[int]) -> torch.Tensor:
+        return self.model.forward(nodes)
+
+
+def committed_tokens(tree: TokenTree, accepted: Sequence[int], bonus: int) -> list[int]:
+    return [int(t) for t in tree.tokens[list(accepted)].tolist()] + [int(bonus)]
+
+
+def merge(builder: TreeBuilder, proposal: Proposal) -> int:
+    """Add ``proposal``'s nodes to ``builder`` under the root, reusing a node where the tree
+    already has that token under that parent; a node's subtree is dropped where its parent's
+    children were sampled (DySpec). Returns the number of nodes added."""
+    children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(builder.parent, builder.tokens)) if i}
+    where: list[int | None] = []
+    added = 0
+    for parent, token, logq in zip(proposal.parents, proposal.tokens, proposal.logprobs):
+        at = 0 if parent < 0 else where[parent]
+        if at is None or at in builder.child_q:
+            where.append(None)
+            continue
+        node = children.get((at, token))
+        if node is None:
+            node = builder.add(at, token, logq)
+            children[(at, token)] = node
+            added += 1
+        where.append(node)
+    return added

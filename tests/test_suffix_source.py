@@ -1,0 +1,102 @@
+"""Speculation from the text itself: no draft model (``draft=None``) and a model draft merged with
+the text in one tree. Greedy output must equal the target's own, whatever the tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import hf_greedy, tiny_model
+
+from dynatree import generate
+from dynatree.core.tree import TreeBuilder
+from dynatree.drafts import suffix
+from dynatree.drafts.suffix import HybridDraft, SuffixDraft, TextDraft, merge
+from dynatree.drafts.suffix_index import Proposal
+from dynatree.drafts.registry import source_for
+from dynatree.errors import DynaTreeError
+
+ARCHS = ["llama", "neox", "qwen2", "gpt2"]
+
+
+def repetitive_prompt(vocab: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    block = torch.randint(2, vocab, (12,), generator=g)  # no pad (0) or eos (1) id
+    return torch.cat([block, block, block[:5]])
+
+
+def reference(target: torch.nn.Module, ids: torch.Tensor, n: int) -> list[int]:
+    return hf_greedy(target, ids[None], n, None)[0].tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_no_draft_model_speculates_from_the_text_and_stays_exact(arch: str) -> None:
+    target = tiny_model(arch, seed=1)
+    ids = repetitive_prompt(target.config.vocab_size)
+    out = generate(target, None, ids, max_new_tokens=40, eos_token_id=[])
+    assert out.sequences[0].tolist() == reference(target, ids, 40)
+    assert out.stats.strategy == "dynatree"
+    assert sum(r.drafted for r in out.stats.rounds) > 0  # the text proposed something
+
+
+@pytest.mark.parametrize("strategy", ["linear", "fixed", "dynatree", "dyspec", "dyspec-threshold"])
+@pytest.mark.parametrize("confident", [0.0, 2.0, 1e9])  # text alone / either / model always called
+def test_hybrid_tree_is_exact_for_every_strategy(strategy: str, confident: float) -> None:
+    target, draft = tiny_model("llama", seed=1), tiny_model("llama", seed=2)
+    ids = repetitive_prompt(target.config.vocab_size, seed=3)
+    out = generate(target, TextDraft(model=draft, confident=confident), ids, strategy=strategy, max_new_tokens=33,
+                   eos_token_id=[])
+    assert out.sequences[0].tolist() == reference(target, ids, 33)
+    calls = sum(r.draft_calls for r in out.stats.rounds)
+    assert (calls == 0) == (confident == 0.0)  # confident=0: the model never runs
+
+
+def test_eos_inside_a_suffix_branch_stops_there() -> None:
+    target = tiny_model("llama", seed=1)
+    ids = repetitive_prompt(target.config.vocab_size)
+    ref = reference(target, ids, 30)[len(ids):]
+    eos = ref[7]
+    out = generate(target, None, ids, max_new_tokens=30, eos_token_id=eos)
+    new = out.sequences[0, len(ids):].tolist()
+    assert new == ref[: ref.index(eos) + 1]
+
+
+def test_sampling_with_the_text_draft_is_reproducible_and_in_range() -> None:
+    target = tiny_model("llama", seed=1)
+    ids = repetitive_prompt(target.config.vocab_size)
+    a = generate(target, None, ids, max_new_tokens=20, temperature=0.8, seed=5, eos_token_id=[])
+    b = generate(target, None, ids, max_new_tokens=20, temperature=0.8, seed=5, eos_token_id=[])
+    assert torch.equal(a.sequences, b.sequences)
+
+
+def test_the_registry_picks_the_text_sources() -> None:
+    draft = tiny_model("llama", seed=2)
+    assert source_for(None) is SuffixDraft and source_for(TextDraft()) is SuffixDraft
+    assert source_for(TextDraft(model=draft)) is HybridDraft
+    with pytest.raises(DynaTreeError, match="no draft source takes"):
+        source_for("not a model")
+    with pytest.raises(DynaTreeError, match="budget"):
+        TextDraft(budget=0)
+
+
+def test_merge_shares_agreeing_nodes_and_skips_sampled_parents() -> None:
+    b = TreeBuilder(7)
+    a = b.add(0, 5, -0.1)
+    b.add(a, 6, -0.2)
+    p = Proposal(parents=[-1, 0, 1, -1], tokens=[5, 6, 9, 8], logprobs=[0.0, 0.0, 0.0, -1.0], match_len=2)
+    assert merge(b, p) == 2  # 5 and 5->6 exist; 5->6->9 and 8 are new
+    assert b.tokens == [7, 5, 6, 9, 8] and b.parent == [-1, 0, 1, 2, 0]
+    c = TreeBuilder(7)
+    c.child_q[0] = torch.full((10,), 0.1)  # the root's children were sampled
+    assert merge(c, p) == 0 and len(c) == 1
+
+
+def test_a_broken_index_commit_drafts_worse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: the acceptance the text source earns comes from indexing what was committed."""
+    target = tiny_model("llama", seed=1)
+    ids = repetitive_prompt(target.config.vocab_size, seed=2)
+    good = generate(target, None, ids, max_new_tokens=120, eos_token_id=[])  # (the tiny model's output loops)
+    monkeypatch.setattr(SuffixDraft, "commit", lambda self, tree, accepted, bonus, features=None: None)
+    bad = generate(target, None, ids, max_new_tokens=120, eos_token_id=[])
+    assert torch.equal(good.sequences, bad.sequences)  # exact either way...
+    accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731
+    assert accepted(good) > accepted(bad)  # ...but only the full index drafts well
