@@ -46,7 +46,7 @@ import string
 import sysconfig
 import textwrap
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,7 +224,31 @@ def _prose_docs() -> tuple[_Doc, ...]:
         if doc and len(doc.split()) >= MIN_DOCSTRING_WORDS:
             docs.append(_Doc(f"stdlib/{module}", f"the documentation of Python's `{module}` module",
                              tuple(_blocks(doc))))
-    return tuple(d for d in docs if d.blocks)
+    return tuple(_without_held_out_text([d for d in docs if d.blocks]))
+
+
+def _without_held_out_text(docs: list[_Doc]) -> list[_Doc]:
+    """Training documents cut around every paragraph a held-out document also has.
+
+    Split by name alone would leak: pydoc topics repeat one another (the ``naming`` topic holds
+    the whole of ``dynamic-features``), so a held-out passage could reach training through
+    another topic. The cut leaves pieces of the training document; passages never span a cut.
+    """
+    held = {b for d in docs if corpora.is_held_out(d.name) for b in d.blocks if not _is_heading(b)}
+    out = []
+    for doc in docs:
+        if corpora.is_held_out(doc.name) or not held.intersection(doc.blocks):
+            out.append(doc)
+            continue
+        piece: list[str] = []
+        for block in (*doc.blocks, None):
+            if block is None or block in held:
+                if piece:
+                    out.append(_Doc(doc.name, doc.source, tuple(piece)))
+                piece = []
+            else:
+                piece.append(block)
+    return out
 
 
 def _passages(doc: _Doc, rng: random.Random) -> Iterator[tuple[str, ...]]:
@@ -371,15 +395,22 @@ def _passage_sources(category: str) -> list[tuple[str, dict[str, Any]]]:
     random lengths), so two categories rarely show the very same passage."""
     out = []
     for doc in _prose_docs():
-        rng = random.Random(f"{SEED}/{category}/{doc.name}")
+        rng = random.Random(f"{SEED}/{category}/{doc.name}/{doc.blocks[0][:64]}")  # a document may come in pieces
         out += [(doc.name, _passage_fields(doc, blocks)) for blocks in _passages(doc, rng)]
     return out
 
 
 def _code_sources() -> list[tuple[str, dict[str, Any]]]:
+    """Up to :data:`FUNCTIONS_PER_MODULE` functions of each module. A training function that
+    repeats a piece of a held-out module's function is left out: modules have twins (``profile``
+    and ``cProfile`` share most of ``main``), and a split by module name alone would leak them."""
+    functions_of = {module: _functions(module, source, tree) for module, source, tree in _stdlib_trees()}
+    held = {chunk for module, fs in functions_of.items() if corpora.is_held_out(f"stdlib/{module}")
+            for f in fs for chunk in f["code"].split("\n\n") if len(chunk.strip()) >= 60}
     out = []
-    for module, source, tree in _stdlib_trees():
-        functions = _functions(module, source, tree)
+    for module, functions in functions_of.items():
+        if not corpora.is_held_out(f"stdlib/{module}"):
+            functions = [f for f in functions if not any(chunk in f["code"] for chunk in held)]
         rng = random.Random(f"{SEED}/code/{module}")
         chosen = sorted(rng.sample(range(len(functions)), min(FUNCTIONS_PER_MODULE, len(functions))))
         out += [(f"stdlib/{module}", functions[i]) for i in chosen]
@@ -519,7 +550,7 @@ def instruct_texts(name: str, tokenizer: Any, num_prompts: int, max_prompt_token
     return [tokenizer.decode(ids) for _, ids in instruct_set(name, tokenizer, num_prompts, max_prompt_tokens, seed)]
 
 
-def row_category(row: dict[str, Any]) -> str | None:
+def row_category(row: Mapping[str, Any]) -> str | None:
     """The instruct category a bench row measured: from its dataset (``instruct-code``), or for
     the mixed set from the prompt id, which the bench writes as ``instruct:<seed>:<i>:<category>``."""
     dataset = str((row.get("settings") or {}).get("dataset"))
