@@ -92,6 +92,16 @@ PROMPT_SETS: dict[str, PromptSetInfo] = {
                                   "stands in for wikitext2", 800),
     "books-offline": PromptSetInfo("held-out chapters of Austen's novels and Moby Dick (fetched once from "
                                    "Debian); stands in for pg19", 1000),
+    # Chat-templated instruct requests in Spec-Bench's categories (dynatree.bench.instruct); offline,
+    # held-out split; prompts run to ~1,000 tokens, so give --max-prompt-tokens 1024.
+    "instruct": PromptSetInfo("all six instruct-* categories round-robin (Spec-Bench's layout; the category is "
+                              "in each row's prompt id); chat-templated, offline"),
+    "instruct-chat": PromptSetInfo("multi-turn conversations: hand-written talks and talks about a passage"),
+    "instruct-summarize": PromptSetInfo("summarize a passage of the Python reference, a licence or a module's docs"),
+    "instruct-qa": PromptSetInfo("answer a question generated from a given passage (retrieval QA)"),
+    "instruct-rewrite": PromptSetInfo("rewrite, paraphrase or reformat a given passage (stands in for translation)"),
+    "instruct-code": PromptSetInfo("edit a given Python standard-library function (type hints, refactor, ...)"),
+    "instruct-math": PromptSetInfo("multi-step arithmetic word problems generated from templates (GSM8K-like)"),
 }
 
 

@@ -83,8 +83,13 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
 
 def _prompts(run: RunArgs, tokenizer: Any) -> list[Prompt]:
     from dynatree.bench.datasets import load_prompt_ids
+    from dynatree.bench.instruct import instruct_set, is_instruct_set
     from dynatree.bench.runner import Prompt
 
+    if is_instruct_set(run.dataset):  # the prompt id carries the category (instruct.row_category reads it)
+        pairs = instruct_set(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, run.seed)
+        return [Prompt(id=f"{run.dataset}:{run.seed}:{i}:{category}", ids=tuple(ids))
+                for i, (category, ids) in enumerate(pairs)]
     ids = load_prompt_ids(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, run.seed)
     name = Path(run.dataset).name if ("/" in run.dataset or "." in run.dataset) else run.dataset
     return [Prompt(id=f"{name}:{run.seed}:{i}", ids=tuple(p[:run.max_prompt_tokens])) for i, p in enumerate(ids)]

@@ -22,6 +22,8 @@ Provenance of each set:
   Gutenberg texts in Debian's ``r-cran-janeaustenr`` / ``r-cran-tokenizers``), a PG-19 stand-in.
   Only held-out documents are used, so a draft distilled on the training part (``dynatree
   distill``) is never scored on text it was trained on.
+* ``instruct``, ``instruct-<category>`` — chat-templated instruct requests in Spec-Bench's six
+  categories, built offline with a held-out split; see :mod:`dynatree.bench.instruct`.
 * a local file — ``.txt`` (one prompt per paragraph, paragraphs separated by blank lines) or
   ``.jsonl`` (one prompt per line, in the field ``text`` or ``prompt``), used as written.
 
@@ -48,6 +50,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dynatree.text import corpora
 from dynatree.text import prose
+from dynatree.bench import instruct
 from dynatree.catalog import PROMPT_SETS
 from dynatree.errors import DynaTreeError
 
@@ -247,6 +250,8 @@ def load_prompts(
     """
     if num_prompts < 1 or max_prompt_tokens < 1:
         raise DynaTreeError("num_prompts and max_prompt_tokens must be at least 1")
+    if instruct.is_instruct_set(name):  # chat-templated conversations, not passages of a corpus
+        return instruct.instruct_texts(name, tokenizer, num_prompts, max_prompt_tokens, seed)
     if name in PROMPT_SETS:
         documents = _corpus(name)
         random.Random(seed).shuffle(documents)
@@ -273,5 +278,7 @@ def load_prompt_ids(
     seed: int = 0,
 ) -> list[list[int]]:
     """The prompts of :func:`load_prompts` as token ids (with the tokenizer's default special tokens)."""
+    if instruct.is_instruct_set(name):  # the chat template's own ids: decoding and re-encoding may differ
+        return [ids for _, ids in instruct.instruct_set(name, tokenizer, num_prompts, max_prompt_tokens, seed)]
     prompts = load_prompts(name, tokenizer, num_prompts, max_prompt_tokens, seed)
     return [tokenizer(prompt)["input_ids"] for prompt in prompts]

@@ -30,6 +30,7 @@ from typing import Any
 from dynatree.errors import DynaTreeError
 from dynatree.bench import plots
 from dynatree.bench.metrics import AR, Agg, Summary, committed_per_round, cost_profiles, summarize, varying_options
+from dynatree.bench.specbench import specbench_section
 from dynatree.bench.store import LoadedResults, load_results
 
 Row = Mapping[str, Any]
@@ -277,6 +278,7 @@ def build_report(results: str | Path, out_dir: str | Path) -> Report:
     md = ["# dynatree benchmark report", "", _provenance(path, loaded, summaries), "",
           "## Greedy-output check", "", _greedy_check(rows), ""]
     md += _main_sections(rows, summaries, origins, out, report)
+    md += specbench_section(rows, _setup_title)
     md += _length_section(summaries, origins, out, report)
     md += _sensitivity_sections(summaries, origins, out, report)
     md += ["## Definitions", "",
