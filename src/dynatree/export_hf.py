@@ -10,8 +10,8 @@ weight files. That is what :func:`export_hf` writes.
 final RMSNorm output has no constant component, so no row of a bias-free head gives a token a
 fixed very negative logit. Zero rows are not enough: they give logit 0, which wins whenever all
 subset logits are negative and always takes probability mass from the subset. The export
-therefore widens the hidden state by a *mask channel* (and zero padding up to a multiple of 8)
-without changing what the layers compute:
+therefore widens the hidden state by a *mask channel* (plus zero channels up to a multiple of 8
+and of the head count) without changing what the layers compute:
 
 * every embedding row holds the constant ``c`` in the mask channel; no layer writes to it (the
   padded columns/rows of every projection are zero), so it stays ``c`` in the residual stream;
@@ -51,7 +51,8 @@ from .errors import DynaTreeError
 #: and bfloat16 (max ~3.4e38) while pushing those logits below -1e20 for any residual-stream size
 #: a real model reaches.
 MASK_WEIGHT = 1e30
-#: Width padding: hidden sizes that are multiples of 8 keep fast matmul paths on accelerators.
+#: Width padding: HF requires the hidden size to be a multiple of the head count, and multiples
+#: of 8 keep fast matmul paths on accelerators; the exported width is a multiple of both.
 PAD_MULTIPLE = 8
 #: dtypes the files can be written in. float16 cannot hold ``MASK_WEIGHT`` (it would become -inf
 #: and the masked logits -inf, which turns some downstream arithmetic into NaN).
@@ -81,7 +82,8 @@ def build_hf_model(draft: nn.Module) -> LlamaForCausalLM:
     h, vocab, eps = dc.hidden_size, dc.vocab_size, float(dc.rms_norm_eps)
     if eps <= 0:
         raise DynaTreeError("cannot export a draft with rms_norm_eps <= 0: the mask channel needs eps > 0")
-    width = math.ceil((h + 1) / PAD_MULTIPLE) * PAD_MULTIPLE
+    multiple = math.lcm(PAD_MULTIPLE, dc.num_attention_heads)
+    width = math.ceil((h + 1) / multiple) * multiple
     c = torch.tensor(math.sqrt(eps * h / 2), dtype=torch.float32)  # the value the files will hold
     new_eps = (eps * h - float(c) ** 2) / width
     scale = math.sqrt(h / width)
