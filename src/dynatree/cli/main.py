@@ -267,6 +267,22 @@ def distill_command(
                f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")
 
 
+@app.command("export-draft")
+@friendly_errors
+def export_draft_command(
+    out: Annotated[Path, typer.Option(help="Folder to write the HF model (config.json, model.safetensors, tokenizer) to.")],
+    draft: Annotated[str, typer.Option(help=f"A shipped distilled draft ({DEFAULT_DRAFT}) or a folder written by `dynatree distill`.")] = DEFAULT_DRAFT,
+    target: Annotated[str, typer.Option(help="The target the draft was distilled for (its embedding and tokenizer are copied).")] = DEFAULT_TARGET,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16")] = "float32",
+) -> None:
+    """Export a distilled draft as a plain HF LlamaForCausalLM, usable as HF's assistant_model."""
+    from .export_hf import export_draft  # torch and transformers only when the command runs
+
+    folder, check = export_draft(draft, out, target=target, dtype=dtype)
+    typer.echo(f"draft exported to {folder}: equals the runtime draft on {check.positions} random positions "
+               f"(largest log-probability difference {check.max_logprob_diff:.1e})")
+
+
 def main() -> None:  # pragma: no cover - console entry point
     sys.exit(app())
 
