@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from typer.testing import CliRunner
 
 import dynatree
-from dynatree import export_hf as X
-from dynatree.distilled import DistilledDraft, DraftConfig, save_draft
+from dynatree.integrations import export_hf as X
+from dynatree.drafts.distilled import DistilledDraft, DraftConfig, save_draft
 from dynatree.errors import DynaTreeError
-from dynatree.feature_draft import FeatureDraft
+from dynatree.drafts.feature_head import FeatureDraft
 from tiny import SMALL_TREES, hf_greedy
 from tiny_tok import VOCAB, tiny_tokenizer
 

@@ -327,6 +327,10 @@ def test_argument_errors_are_one_line_dynatree_errors() -> None:
         ix.propose([1], -1)
     with pytest.raises(DynaTreeError, match="unknown"):
         ix.remove_sequence(3)
+    with pytest.raises(DynaTreeError, match="alpha"):
+        SuffixSource(alpha=-1.0)
+    with pytest.raises(DynaTreeError, match="option"):
+        SuffixSource(alfa=2.0)
 
 
 # ------------------------------------------------------------------------------------ cache

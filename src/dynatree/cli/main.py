@@ -276,7 +276,7 @@ def export_draft_command(
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16")] = "float32",
 ) -> None:
     """Export a distilled draft as a plain HF LlamaForCausalLM, usable as HF's assistant_model."""
-    from .export_hf import export_draft  # torch and transformers only when the command runs
+    from dynatree.integrations.export_hf import export_draft  # torch and transformers only when the command runs
 
     folder, check = export_draft(draft, out, target=target, dtype=dtype)
     typer.echo(f"draft exported to {folder}: equals the runtime draft on {check.positions} random positions "

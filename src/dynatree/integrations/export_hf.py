@@ -1,6 +1,6 @@
 """Export a distilled draft as an ordinary HF ``LlamaForCausalLM`` that other tools can load.
 
-The runtime draft (:class:`~dynatree.distilled.DistilledDraft`) is lean: it borrows the target's
+The runtime draft (:class:`~dynatree.drafts.distilled.DistilledDraft`) is lean: it borrows the target's
 embedding and its head covers only ``vocab_subset``, every other token getting a very negative
 finite logit. HF's assisted generation, and any engine that is not dynatree, need a self-contained
 causal LM instead: its own embedding, a head over the full vocabulary, standard config and
@@ -43,8 +43,8 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, LlamaForCausalLM
 
-from .distilled import DistilledDraft
-from .errors import DynaTreeError
+from dynatree.drafts.distilled import DistilledDraft
+from dynatree.errors import DynaTreeError
 
 #: Weight of the mask channel in the head rows of tokens outside the subset. Times the channel's
 #: value after the final norm (positive, at most ``sqrt(H' / 2)``) this stays finite in float32
@@ -183,9 +183,9 @@ def export_draft(draft: str, out_dir: str | os.PathLike[str], *, target: str, dt
     """What ``dynatree export-draft`` does: load ``target`` and the distilled ``draft`` (a shipped
     preset or a folder written by ``dynatree distill``), export, and save the target's tokenizer
     alongside. Returns the folder and the check's result."""
-    from . import models
-    from .catalog import SHIPPED_DRAFTS
-    from .distilled import load_distilled_draft
+    from dynatree.loading import models
+    from dynatree.catalog import SHIPPED_DRAFTS
+    from dynatree.drafts.checkpoint import load_distilled_draft
 
     torch_dtype = models.parse_dtype(dtype)
     _check_dtype(torch_dtype)  # before loading anything
