@@ -48,9 +48,13 @@ def test_bad_arguments(pair, kwargs: dict, message: str) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_missing_draft(pair) -> None:
-    with pytest.raises(DynaTreeError, match="strategy 'linear' needs a draft model"):
+def test_no_draft_model_drafts_from_the_text_within_the_positions(pair) -> None:
+    # draft=None is no longer refused: the suffix source drafts, and its trees' depth counts
+    # towards the model's positions like any policy's.
+    with pytest.raises(DynaTreeError, match=r"tree depth \(32\).*exceeds LlamaForCausalLM's maximum of 64"):
         dynatree.generate(pair[0], None, IDS, "linear")
+    out = dynatree.generate(pair[0], None, IDS, "linear", max_new_tokens=8, eos_token_id=[])
+    assert out.stats.new_tokens == 8 and out.sequences.shape == (1, IDS.shape[1] + 8)
 
 
 def test_vocab_mismatch_and_override(pair) -> None:
