@@ -17,7 +17,8 @@ generate --chat`` does).
 One JSON line per (set, prompt, strategy) is appended as soon as the run finishes; a rerun skips
 the lines already written (keyed by set, prompt token hash, strategy, token budget, thread count
 and linear layout), so an interrupted run continues where it stopped. ``--summary`` prints the
-per-(set, strategy) table of benchmarks/exactness/README.md from the results file.
+per-(set, strategy) table of benchmarks/exactness/README.md from the results file, ``--margins``
+how close the autoregressive outputs came to a tie (the target's top-2 logit margins).
 
     PYTHONPATH=src nice -n 10 python benchmarks/exactness/run.py            # resumable
     PYTHONPATH=src python benchmarks/exactness/run.py --summary
@@ -172,6 +173,31 @@ def measure(args: argparse.Namespace) -> None:
                 bar.write(f"MISMATCH {row['prompt']} {row['strategy']} vs AR at token {row['first_mismatch_vs_ar']}")
 
 
+def margins(args: argparse.Namespace) -> None:
+    """How close the autoregressive runs came to a tie: the target's top-2 logit margin at every
+    generated position (one forward over prompt + output), against the tree-vs-one-token logit
+    differences of ``bitwise.jsonl`` (~5e-5 on this model). A flip needs a margin that small."""
+    import torch
+
+    from dynatree import models
+
+    target, tok = models.load_model(models.DEFAULT_TARGET)
+    rows = [r for r in load_rows(args.out) if r["strategy"] == AR]
+    ids_by_sha = {sha(ids): ids for name in args.sets
+                  for _, ids, _ in build_prompts(name, tok, target, args.prompts, args.max_prompt_tokens)}
+    found = []
+    with torch.inference_mode():
+        for r in rows:
+            prompt = ids_by_sha[r["prompt_sha"]]
+            full = torch.tensor([prompt + r["output_ids"]])
+            logits = target(full).logits[0, len(prompt) - 1 : full.shape[1] - 1]
+            top2 = logits.topk(2, dim=-1).values
+            found += (top2[:, 0] - top2[:, 1]).tolist()
+    m = torch.tensor(found)
+    print(f"{m.numel()} positions of {len(rows)} autoregressive runs: smallest top-2 margin {float(m.min()):.3g}; "
+          + ", ".join(f"{int((m < t).sum())} below {t:g}" for t in (1e-4, 1e-3, 1e-2, 1e-1)))
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
     """Markdown table per (set, strategy): sequences, tokens, sequences differing from our AR
     output and from HF generate, and the first differing positions."""
@@ -204,7 +230,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    ap.add_argument("--prompts", type=int, default=10, help="prompts per set")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--max-prompt-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, as the CLI)")
@@ -216,10 +242,14 @@ def main() -> None:
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip HF generate")
     ap.add_argument("--note", default="")
     ap.add_argument("--summary", action="store_true", help="print the table from --out and exit")
+    ap.add_argument("--margins", action="store_true",
+                    help="print the target's smallest top-2 margins along the autoregressive outputs in --out")
     args = ap.parse_args()
     args.limit = {**LIMITS, **{k: int(v) for k, v in (x.split("=", 1) for x in args.limit)}}
     if args.summary:
         print(summary(load_rows(args.out)))
+    elif args.margins:
+        margins(args)
     else:
         measure(args)
 
