@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from dynatree import verify
-from dynatree.cache import CachedModel, StaticCachedModel
-from dynatree.tree import TokenTree, TreeBuilder, children_lists
+from dynatree.core import verify
+from dynatree.runtime.cache import CachedModel, StaticCachedModel
+from dynatree.core.tree import TokenTree, TreeBuilder, children_lists
 from tiny import ARCHS, VOCAB, tiny_model
 
 ARCHITECTURES = (*ARCHS, "mistral")  # mistral: every layer slides, so the per-layer window masks are covered too
@@ -172,7 +172,7 @@ def test_tree_logits_match_one_token_logits(arch: str, cfg: Config) -> None:
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_compiled_static_tree_logits_match_one_token_logits(arch: str, cpu_linear: bool) -> None:
     """The compiled static engine (inductor's kernels: their own summation orders)."""
-    from dynatree.devices import check_compiler
+    from dynatree.runtime.devices import check_compiler
     from dynatree.errors import DynaTreeError
 
     try:

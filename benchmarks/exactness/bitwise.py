@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from dynatree import verify
-from dynatree.cache import CachedModel, StaticCachedModel
-from dynatree.tree import TokenTree, TreeBuilder, children_lists
+from dynatree.core import verify
+from dynatree.runtime.cache import CachedModel, StaticCachedModel
+from dynatree.core.tree import TokenTree, TreeBuilder, children_lists
 
 HERE = Path(__file__).resolve().parent
 SHAPES: dict[str, list[int]] = {
@@ -162,7 +162,7 @@ def main() -> None:
                         record({"model": f"tiny-{arch}", "threads": 1, **cfg, "shape": shape,
                                 **compare(m, VOCAB, cfg, prompt, tree)})
         if "smollm2" in args.what:
-            from dynatree import models as zoo
+            from dynatree.loading import models as zoo
             from dynatree.bench.datasets import load_prompt_ids
 
             for attn in ("sdpa", "eager"):

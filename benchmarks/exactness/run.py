@@ -60,8 +60,8 @@ def build_prompts(name: str, tok: Any, target: Any, count: int, max_prompt_token
     """(prompt id, token ids, EOS ids) for a set. Raw sets never stop early (``[]``): every run
     then yields the full token budget. Chat prompts stop at the end of the reply."""
     from dynatree.bench.datasets import load_prompt_ids, load_prompts
-    from dynatree.chat import chat_eos, chat_prompt
-    from dynatree.distill_data import CHAT_INSTRUCTIONS
+    from dynatree.integrations.chat import chat_eos, chat_prompt
+    from dynatree.training.data import CHAT_INSTRUCTIONS
 
     if name != "chat":
         ids = load_prompt_ids(name, tok, count, max_prompt_tokens)
@@ -108,8 +108,9 @@ def measure(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
     import dynatree
-    from dynatree import models
+    from dynatree.loading import models
     from dynatree.options import EngineOptions
+    from dynatree.runtime.engines import resolve as resolve_options
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,7 +118,7 @@ def measure(args: argparse.Namespace) -> None:
     draft = models.resolve_draft(models.DEFAULT_DRAFT, target)
     # The CLI's defaults (engine auto, cpu_linear and lazy_head decided for this machine), unless
     # --cpu-linear pins the layout (e.g. on with 1 thread, where the default would turn it off).
-    options = EngineOptions(cpu_linear=args.cpu_linear).resolve(target)
+    options = resolve_options(EngineOptions(cpu_linear=args.cpu_linear), target)
     common = {"threads": torch.get_num_threads(), "cpu_linear": bool(options.cpu_linear),
               "engine": options.engine, "compile": bool(options.compile), "max_new_tokens": args.max_new_tokens}
     meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cores",
@@ -179,7 +180,7 @@ def margins(args: argparse.Namespace) -> None:
     differences of ``bitwise.jsonl`` (~5e-5 on this model). A flip needs a margin that small."""
     import torch
 
-    from dynatree import models
+    from dynatree.loading import models
 
     target, tok = models.load_model(models.DEFAULT_TARGET)
     rows = [r for r in load_rows(args.out) if r["strategy"] == AR]
