@@ -30,7 +30,6 @@ logits by 0.6-1.1 of the largest logit, five orders of magnitude past the tolera
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -38,7 +37,7 @@ import torch
 
 from dynatree.core import verify
 from dynatree.runtime.cache import CachedModel, StaticCachedModel
-from dynatree.core.tree import TokenTree, TreeBuilder, children_lists
+from dynatree.core.tree import TokenTree, TreeBuilder, leaf_paths
 from tiny import ARCHS, VOCAB, tiny_model
 
 ARCHITECTURES = (*ARCHS, "mistral")  # mistral: every layer slides, so the per-layer window masks are covered too
@@ -109,22 +108,12 @@ def tree_logits(m: torch.nn.Module, cfg: Config, prompt: list[int], tree: TokenT
     return torch.stack([logits[i] for i in range(tree.size)])
 
 
-def root_to_leaf_paths(tree: TokenTree) -> Iterator[list[int]]:
-    kids = children_lists(tree.parent)
-    stack = [[0]]
-    while stack:
-        path = stack.pop()
-        if not kids[path[-1]]:
-            yield path
-        stack.extend(path + [c] for c in reversed(kids[path[-1]]))
-
-
 @torch.inference_mode()
 def one_token_logits(m: torch.nn.Module, cfg: Config, prompt: list[int], tree: TokenTree) -> torch.Tensor:
     """``[n, V]``: every node's logits as autoregressive decoding computes them: the root-to-node
     path fed one token per call (a one-node tree, exactly what the autoregressive strategy runs)."""
     out = torch.empty(tree.size, VOCAB)
-    for path in root_to_leaf_paths(tree):
+    for path in leaf_paths(tree):
         kv = new_kv(m, cfg)
         kv.prefill(prompt[:-1])
         for node in path:

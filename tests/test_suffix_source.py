@@ -9,7 +9,6 @@ from tiny import hf_greedy, tiny_model
 
 from dynatree import generate
 from dynatree.core.tree import TreeBuilder
-from dynatree.drafts import suffix
 from dynatree.drafts.suffix import HybridDraft, SuffixDraft, TextDraft, merge
 from dynatree.drafts.suffix_index import Proposal
 from dynatree.drafts.registry import source_for

@@ -25,7 +25,6 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch
 
 from dynatree.core import verify
 from dynatree.runtime.cache import CachedModel, StaticCachedModel
-from dynatree.core.tree import TokenTree, TreeBuilder, children_lists
+from dynatree.core.tree import TokenTree, TreeBuilder, leaf_paths
 
 HERE = Path(__file__).resolve().parent
 SHAPES: dict[str, list[int]] = {
@@ -59,16 +58,6 @@ def new_kv(model: torch.nn.Module, vocab: int, cfg: dict[str, Any]) -> CachedMod
     return StaticCachedModel(model, vocab, 256, compile=cfg["compile"], buckets=buckets, cpu_linear=cfg["cpu_linear"])
 
 
-def paths(tree: TokenTree) -> Iterator[list[int]]:
-    kids = children_lists(tree.parent)
-    stack = [[0]]
-    while stack:
-        path = stack.pop()
-        if not kids[path[-1]]:
-            yield path
-        stack.extend(path + [c] for c in reversed(kids[path[-1]]))
-
-
 @torch.inference_mode()
 def compare(model: torch.nn.Module, vocab: int, cfg: dict[str, Any], prompt: list[int], tree: TokenTree
             ) -> dict[str, Any]:
@@ -77,7 +66,7 @@ def compare(model: torch.nn.Module, vocab: int, cfg: dict[str, Any], prompt: lis
     logits, _ = verify.tree_forward(kv, tree, "bfs", lazy_head=cfg["lazy_head"])
     got = torch.stack([logits[i] for i in range(tree.size)])
     want = torch.empty_like(got)
-    for path in paths(tree):
+    for path in leaf_paths(tree):
         kv = new_kv(model, vocab, cfg)
         kv.prefill(prompt[:-1])
         for node in path:

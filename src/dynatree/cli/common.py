@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions, parse_buckets, parse_options, parse_value  # noqa: F401  (re-exported)
+from dynatree.options import EngineOptions, parse_buckets
 
 F = TypeVar("F", bound=Callable[..., Any])
 

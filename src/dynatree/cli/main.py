@@ -12,11 +12,11 @@ from typing import Annotated, Any
 
 import typer
 
-from dynatree.cli.common import TP_HELP, engine_flags, friendly_errors, parse_options, set_threads
+from dynatree.cli.common import TP_HELP, engine_flags, friendly_errors, set_threads
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_TEMPERATURE, PRESETS, PROMPT_SETS
 from dynatree.training.config import DistillConfig
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions
+from dynatree.options import EngineOptions, parse_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 

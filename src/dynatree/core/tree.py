@@ -13,6 +13,7 @@ level by level instead of node by node.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -169,6 +170,22 @@ def path_to(parent: torch.Tensor, node: int) -> list[int]:
         path.append(node)
         node = int(parent[node])
     return path[::-1]
+
+
+def committed_tokens(tree: TokenTree, accepted: list[int], bonus: int) -> list[int]:
+    """The tokens a round commits: the accepted nodes' tokens (path order), then the bonus token."""
+    return [int(t) for t in tree.tokens[list(accepted)].tolist()] + [int(bonus)]
+
+
+def leaf_paths(tree: TokenTree) -> Iterator[list[int]]:
+    """Every root-to-leaf path of ``tree`` (node indices, root first), depth first."""
+    kids = children_lists(tree.parent)
+    stack = [[0]]
+    while stack:
+        path = stack.pop()
+        if not kids[path[-1]]:
+            yield path
+        stack.extend(path + [c] for c in reversed(kids[path[-1]]))
 
 
 def children_lists(parent: torch.Tensor) -> list[list[int]]:

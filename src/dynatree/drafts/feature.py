@@ -13,7 +13,7 @@ import torch
 
 from dynatree.core.draft_source import SourceContext
 from dynatree.core.kv import KVModel
-from dynatree.core.tree import TokenTree, TreeBuilder
+from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.drafts.feature_head import uses_target_features
 from dynatree.drafts.model import Drafter, check_vocab, open_kv
 from dynatree.errors import DynaTreeError
@@ -106,7 +106,7 @@ class FeatureDrafter(Drafter):
         """``features``: the target's features of the root and the accepted nodes (path order),
         i.e. of the parents of the accepted nodes and of the bonus token."""
         assert features is not None and len(features) == len(accepted) + 1
-        tokens = [int(t) for t in tree.tokens[list(accepted)].tolist()] + [int(bonus)]
+        tokens = committed_tokens(tree, list(accepted), bonus)
         if self._builder is None:  # the draft sat this round out: its tokens wait with their features
             self.pending += tokens
             self.pending_features = torch.cat([self.pending_features, features])

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from dynatree.core.draft_source import DraftSource, SourceContext
 from dynatree.core.kv import KVModel
-from dynatree.core.tree import TokenTree, TreeBuilder
+from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.errors import DynaTreeError
-from dynatree.runtime.cache import vocab_size
+from dynatree.runtime.cache import StaticCachedModel, vocab_size
 from dynatree.runtime.engines import cached_model
 from dynatree.runtime.streaming import StreamingKV, find_rope
 
@@ -125,7 +125,7 @@ class Drafter(DraftSource):
         every committed token: they are run at the start of the next round that calls the draft."""
         b = self._builder
         if b is None:
-            self.pending += [int(t) for t in tree.tokens[list(accepted)].tolist()] + [int(bonus)]
+            self.pending += committed_tokens(tree, list(accepted), bonus)
             return
         rows: list[int] = []
         for node in accepted:
@@ -140,11 +140,17 @@ class Drafter(DraftSource):
 def open_kv(draft: torch.nn.Module, context: SourceContext, engine: str) -> KVModel:
     """The draft's model+cache for one generation: room for the committed tokens plus several
     levels of expanded nodes; wrapped for KV eviction when the run evicts."""
-    kv: KVModel = cached_model(draft, context.vocab, engine, context.rows + 4 * 256,
+    kv: KVModel = cached_model(draft, context.vocab, engine, draft_rows(context.rows),
                                context.options.cache_options(context.target_kv.device.type))
     if context.streaming is not None:
         kv = StreamingKV(kv, context.streaming, find_rope(draft))
     return kv
+
+
+def draft_rows(rows: int) -> int:
+    """A draft cache's capacity for runs of ``rows`` committed tokens: several levels of expanded
+    nodes of the largest tree bucket on top."""
+    return rows + 4 * StaticCachedModel.BUCKETS[-1]
 
 
 def check_vocab(target: torch.nn.Module, draft: torch.nn.Module, allow: bool) -> None:

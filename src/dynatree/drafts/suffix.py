@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dynatree.core.draft_source import DraftSource, SourceContext
-from dynatree.core.tree import TokenTree, TreeBuilder
+from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
 from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixSource
@@ -92,7 +92,7 @@ class SuffixDraft(DraftSource):
         self.text.propose(self.config.budget).add_to(builder)
 
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        self.text.commit(committed_tokens(tree, accepted, bonus))
+        self.text.commit(committed_tokens(tree, list(accepted), bonus))
 
 
 class HybridDraft(DraftSource):
@@ -121,6 +121,7 @@ class HybridDraft(DraftSource):
         self.config, self.model = config, model
         self.wants_features = model.wants_features  # type: ignore[misc]
         self.text = config.index()
+        self._called = False  # whether the model drafted this round
 
     @property
     def calls(self) -> int:
@@ -129,7 +130,6 @@ class HybridDraft(DraftSource):
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
         self.text.start(list(prompt))
         self.model.prefill(prompt, features)
-        self._called = False
 
     def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
         proposal = self.text.propose(self.config.budget)
@@ -141,7 +141,7 @@ class HybridDraft(DraftSource):
             proposal.add_to(builder)
 
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        self.text.commit(committed_tokens(tree, accepted, bonus))
+        self.text.commit(committed_tokens(tree, list(accepted), bonus))
         self.model.commit(tree, accepted, bonus, features)
 
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
@@ -149,10 +149,6 @@ class HybridDraft(DraftSource):
 
     def forward(self, nodes: Sequence[int]) -> torch.Tensor:
         return self.model.forward(nodes)
-
-
-def committed_tokens(tree: TokenTree, accepted: Sequence[int], bonus: int) -> list[int]:
-    return [int(t) for t in tree.tokens[list(accepted)].tolist()] + [int(bonus)]
 
 
 def merge(builder: TreeBuilder, proposal: Proposal) -> int:

@@ -31,7 +31,7 @@ from dynatree.catalog import DRAFT_TEMPERATURE
 from dynatree.core.sampling import DraftSampler, SamplesDraft, SamplingConfig, make_generator
 from dynatree.core.stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
 from dynatree.runtime.streaming import StreamingConfig, StreamingKV, find_rope
-from dynatree.core.tree import TreeBuilder
+from dynatree.core.tree import TreeBuilder, committed_tokens
 from dynatree.core.verify import greedy_accept, sample_accept, tree_forward
 
 
@@ -148,7 +148,7 @@ def generate(
     streaming = None
     if options.kv_window is not None:
         streaming = StreamingConfig(options.kv_window, options.kv_sinks)
-        ropes = [find_rope(m) for m in models]
+        rope = find_rope(target)  # (a draft's own, when it evicts too, is found where its cache is opened)
         for m in models:
             streaming.check(m, depth, max_positions(m))
     else:
@@ -167,7 +167,7 @@ def generate(
     with torch.inference_mode(), eval_mode(models):
         target_kv: KVModel = cached_target(target, vocab, options, len(prompt) + max_new_tokens)
         if streaming is not None:
-            target_kv = StreamingKV(target_kv, streaming, ropes[0])
+            target_kv = StreamingKV(target_kv, streaming, rope)
         source = None
         if source_cls is not None:
             source = source_cls.open(draft, SourceContext(target, target_kv, vocab, options, len(prompt) + max_new_tokens,
@@ -253,7 +253,7 @@ def _decode(
         target.compact(prefix, rows[[0, *path]])
         if source is not None:  # (a feature source gets the target's features of the root and path)
             source.commit(tree, path, bonus, logits.hidden[[0, *path]] if features else None)
-        new = tree.tokens[path].tolist() + [bonus]
+        new = committed_tokens(tree, path, bonus)
         new = _truncate(new, max_new_tokens - len(out), stop)
         hit = stop_text is not None and stop_text.cut(out, new)
         if hit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dynatree.drafts.model import draft_rows
 from dynatree.drafts.registry import source_for
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
@@ -41,7 +42,7 @@ def precompile(
         if draft is not None:
             source = source_for(draft)
             engine = source.draft_engine(options)
-            kvs += [cached_model(m, vocab, engine, max_rows + 4 * 256, cache) for m in source.models(draft)]
+            kvs += [cached_model(m, vocab, engine, draft_rows(max_rows), cache) for m in source.models(draft)]
         for kv in kvs:
             if kv.engine == "static":
                 kv.precompile()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -19,7 +19,6 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, St
 
 from dynatree.runtime import distributed
 from dynatree.runtime.devices import check_compiler
-from dynatree.core.kv import KVModel  # noqa: F401  (the protocol these classes implement)
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
 from dynatree.runtime.window import AttentionLayout, attention_layout, layer_masks

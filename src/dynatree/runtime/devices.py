@@ -16,8 +16,6 @@ build and the hardware, and only trying tells.
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
