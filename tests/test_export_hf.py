@@ -209,7 +209,8 @@ def test_the_feature_draft_and_non_drafts_are_refused(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
-def test_cli_exports_a_distilled_draft_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cli_exports_a_distilled_draft_folder(tmp_path: Path, dtype: str) -> None:
     target = tiny_target()
     target.save_pretrained(tmp_path / "target")
     tiny_tokenizer().save_pretrained(tmp_path / "target")
@@ -218,12 +219,17 @@ def test_cli_exports_a_distilled_draft_folder(tmp_path: Path) -> None:
     from dynatree.cli import app
 
     argv = ["export-draft", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
-            "--out", str(tmp_path / "out")]
+            "--out", str(tmp_path / "out"), "--dtype", dtype]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
-    assert "draft exported to" in result.output
-    ids = random_ids(6)
-    assert_same_distribution(logits(draft, ids), logits(load(tmp_path / "out"), ids))
+    assert "draft exported to" in result.output and "equals the runtime draft" in result.output
+    # the summary must not claim float32 equality for files it rounded
+    assert ("rounded to bfloat16" in result.output) == (dtype == "bfloat16")
+    model = load(tmp_path / "out")
+    assert model.dtype == getattr(torch, dtype)
+    if dtype == "float32":
+        ids = random_ids(6)
+        assert_same_distribution(logits(draft, ids), logits(model, ids))
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -279,8 +279,7 @@ def export_draft_command(
     from dynatree.integrations.export_hf import export_draft  # torch and transformers only when the command runs
 
     folder, check = export_draft(draft, out, target=target, dtype=dtype)
-    typer.echo(f"draft exported to {folder}: equals the runtime draft on {check.positions} random positions "
-               f"(largest log-probability difference {check.max_logprob_diff:.1e})")
+    typer.echo(f"draft exported to {folder}: {check}")
 
 
 def main() -> None:  # pragma: no cover - console entry point

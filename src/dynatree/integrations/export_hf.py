@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,13 @@ class ExportCheck:
 
     max_logprob_diff: float
     positions: int
+    #: The dtype the files were written in; the check always runs on the float32 build.
+    saved_dtype: str = "float32"
+
+    def __str__(self) -> str:
+        rounded = "" if self.saved_dtype == "float32" else f"; then rounded to {self.saved_dtype} for the files"
+        return (f"equals the runtime draft on {self.positions} random positions (largest log-probability "
+                f"difference {self.max_logprob_diff:.1e}{rounded})")
 
 
 def build_hf_model(draft: nn.Module) -> LlamaForCausalLM:
@@ -101,7 +108,6 @@ def build_hf_model(draft: nn.Module) -> LlamaForCausalLM:
     for name, value in src.items():
         if not name.startswith("model."):
             continue
-        key = name
         if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight",
                           "up_proj.weight")):
             value = _pad(value, cols=width)  # reads the hidden state: padded inputs are ignored
@@ -109,7 +115,7 @@ def build_hf_model(draft: nn.Module) -> LlamaForCausalLM:
             value = _pad(value, rows=width)  # writes the hidden state: never the mask channel
         elif name.endswith("norm.weight"):
             value = _pad(value * scale, rows=width)
-        state[key] = value
+        state[name] = value
     state["model.norm.weight"][h] = 1.0  # the final norm passes the mask channel on to the head
 
     embedding = draft.get_input_embeddings().weight.detach().to("cpu", torch.float32)
@@ -206,6 +212,8 @@ def _export(draft: nn.Module, out_dir: str | os.PathLike[str], tokenizer: Any, *
     _check_dtype(dtype)
     model = build_hf_model(draft)
     result = check_export(draft, model) if check else None
+    if result is not None:
+        result = replace(result, saved_dtype=str(dtype).removeprefix("torch."))
     special = {}
     if tokenizer is not None:
         special = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
