@@ -434,7 +434,7 @@ def test_bench_and_sweep_refuse_bad_engine_flags_before_loading_models(tmp_path:
 def test_bench_and_sweep_declare_their_shared_flags_once() -> None:
     import inspect
 
-    from dynatree.bench import commands
+    from dynatree.cli import bench as commands
 
     bench, sweep = (inspect.signature(c).parameters for c in (commands.bench, commands.sweep))
     shared = [n for n in bench if n in sweep]

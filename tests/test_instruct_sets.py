@@ -184,7 +184,7 @@ def test_mixed_set_takes_the_categories_round_robin(tok) -> None:
 
 
 def test_bench_prompt_ids_carry_the_category(tok) -> None:
-    from dynatree.bench.commands import RunArgs, _prompts
+    from dynatree.cli.bench import RunArgs, _prompts
 
     prompts = _prompts(RunArgs(dataset="instruct", num_prompts=7, max_prompt_tokens=10_000, seed=2), tok)
     got = [instruct.row_category({"settings": {"dataset": "instruct"}, "prompt_id": p.id}) for p in prompts]

@@ -39,7 +39,16 @@ def module_imports(root: Path) -> dict[str, set[str]]:
                         graph[name].add(target)
             elif isinstance(node, ast.Import):
                 graph[name] |= {a.name for a in node.names if a.name in names and a.name != name}
+    for name in graph:  # importing a.b.c runs a/b/__init__.py first: that import is an edge too
+        graph[name] |= {parent for target in list(graph[name]) for parent in _parents(target)
+                        if parent in names and parent != name and not name.startswith(parent + ".")}
     return graph
+
+
+def _parents(module: str) -> list[str]:
+    """The packages whose ``__init__`` runs before ``module``: ``a.b.c`` -> ``a``, ``a.b``."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
@@ -68,7 +77,7 @@ LAYERS = [
     ("loading and text", ["dynatree.loading", "dynatree.text"]),
     ("training", ["dynatree.training"]),
     ("integrations and bench", ["dynatree.integrations", "dynatree.hf", "dynatree.bench"]),
-    ("cli", ["dynatree.cli", "dynatree.bench.commands", "dynatree.__main__"]),
+    ("cli", ["dynatree.cli", "dynatree.__main__"]),
     ("package", ["dynatree"]),
 ]
 
@@ -142,6 +151,11 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     # a loop through a function-level import is a loop all the same
     (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import thing\n")
     assert cycle(module_imports(pkg)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+    # a loop through a package's __init__: importing pkg.sub.b runs pkg/sub/__init__.py first
+    (pkg / "sub" / "b.py").write_text("x = 1\n")
+    (pkg / "a.py").write_text("from .sub.b import x\n")
+    (pkg / "sub" / "__init__.py").write_text("from ..a import x\n")
+    assert cycle(module_imports(pkg)) == ["pkg.a", "pkg.sub", "pkg.a"]
 
 
 @pytest.mark.parametrize("module", ["dynatree.cli", "dynatree", "dynatree.options", "dynatree.catalog"])

@@ -17,7 +17,7 @@ import torch
 
 import dynatree
 from dynatree.loading import models
-from dynatree.bench.commands import _prompts
+from dynatree.cli.bench import _prompts
 
 
 def main() -> None:

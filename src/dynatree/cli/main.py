@@ -286,8 +286,8 @@ def main() -> None:  # pragma: no cover - console entry point
     sys.exit(app())
 
 
-# bench, sweep and report live in bench/commands.py; the CLI registers them (one import direction).
-from dynatree.bench import commands as _bench  # noqa: E402
+# bench, sweep and report live in cli/bench.py; this module registers them.
+from dynatree.cli import bench as _bench  # noqa: E402
 
 for _command in (_bench.bench, _bench.sweep, _bench.report):
     app.command()(_command)

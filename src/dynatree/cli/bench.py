@@ -1,4 +1,4 @@
-"""``dynatree bench``, ``dynatree sweep`` and ``dynatree report`` (``cli.py`` registers them on the app).
+"""``dynatree bench``, ``dynatree sweep`` and ``dynatree report`` (:mod:`dynatree.cli.main` registers them on the app).
 
 Heavy modules (torch, transformers, matplotlib) are imported inside the commands so ``--help``
 stays fast. Every command writes results row by row (flush + fsync): Ctrl-C or a crash leaves all
