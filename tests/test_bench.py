@@ -262,7 +262,7 @@ def test_runner_with_kv_eviction_runs_past_the_context_and_reports_it(prompts, t
     with pytest.raises(DynaTreeError, match="exceeds LlamaForCausalLM's maximum of 32"):
         run_bench(target, draft, prompts, parse_strategies("linear:k=3"), settings(max_new_tokens=40),
                   warmup=0, progress=False)
-    with pytest.raises(DynaTreeError, match="hf-assisted cannot evict"):
+    with pytest.raises(DynaTreeError, match="HF.s generate cannot evict"):
         run_bench(target, draft, prompts, parse_strategies("hf-assisted"), evicting, warmup=0, progress=False)
     with ResultsWriter(tmp_path / "r.jsonl") as w:
         out = run_bench(target, draft, prompts, parse_strategies("linear:k=3,dynatree"), evicting, writer=w,
@@ -442,3 +442,73 @@ def test_bench_and_sweep_declare_their_shared_flags_once() -> None:
     assert (bench["num_prompts"].default, sweep["num_prompts"].default) == (10, 5)  # per-command defaults
     assert (bench["output"].default, sweep["output"].default) == (Path("results.jsonl"), Path("sweep.jsonl"))
     assert "run" not in bench and "options" not in sweep  # typer sees the flags, not the grouped values
+
+
+# ------------------------------------------------------------------ draft sources and HF's peers
+def test_source_option_is_validated_and_changes_what_a_spec_needs() -> None:
+    ar, text, hybrid, model, plain, lookup = parse_strategies(
+        "dynatree:source=text@t,dynatree:source=hybrid@h,dynatree:source=model@m,dynatree,"
+        "hf-prompt-lookup:prompt_lookup_num_tokens=4")
+    assert (text.source, hybrid.source, model.source, plain.source, lookup.source) == (
+        "text", "hybrid", "model", "model", None)
+    assert not text.uses_draft and hybrid.uses_draft and plain.uses_draft and not lookup.uses_draft
+    assert text.config["source"] == "text" and "source" not in plain.config  # old rows keep their keys
+    assert lookup.config == {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 2}
+    assert plain.without_model().source == "text" and plain.without_model().label == "dynatree"
+    with pytest.raises(DynaTreeError, match="needs a draft model"):
+        hybrid.without_model()
+    for bad, msg in (("dynatree:source=both", "source must be one of"),
+                     ("autoregressive:source=text", "drafts nothing"),
+                     ("hf-prompt-lookup:k=3", "unknown option"),
+                     ("hf-prompt-lookup:source=text", "takes no")):
+        with pytest.raises(DynaTreeError, match=msg):
+            parse_strategies(bad)
+
+
+def test_every_source_and_hf_prompt_lookup_match_autoregressive() -> None:
+    """Text-only and hybrid trees, and HF's prompt lookup, on a prompt that repeats, with a target
+    whose output loops (so the text proposes deep branches): every row equals the autoregressive
+    output, and the text rows and prompt lookup really drafted from the text (fewer rounds)."""
+    target = tiny_model("llama", seed=1)  # its greedy output from this prompt loops (measured)
+    draft = perturbed(target, noise=0.05)
+    block = torch.randint(2, target.config.vocab_size, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    prompts = [Prompt("rep", tuple(block * 3 + block[:5]))]
+    specs = parse_strategies("dynatree:source=text@dt-text,linear:k=4:source=text@lin-text,"
+                             "dynatree:source=hybrid@dt-hybrid,dyspec:source=hybrid@ds-hybrid,hf-prompt-lookup")
+    out = run_bench(target, draft, prompts, specs, settings(max_new_tokens=60), warmup=0, progress=False)
+    assert out.mismatches == [] and len(out.rows) == 6
+    rounds = {r["label"]: r["stats"]["rounds"] for r in out.rows}
+    assert out.rows[1]["config"]["source"] == "text" and rounds["autoregressive"] == 60
+    for label in ("dt-text", "lin-text", "dt-hybrid", "hf-prompt-lookup"):
+        assert rounds[label] < 60, label  # the text source was used, not a no-op
+
+
+def test_a_bench_without_a_draft_model_drafts_from_the_text(pair, prompts) -> None:
+    target, _ = pair
+    out = run_bench(target, None, prompts, parse_strategies("linear:k=3,dynatree"), settings(), warmup=0,
+                    progress=False)
+    assert out.mismatches == [] and {r["config"].get("source") for r in out.rows if r["strategy"] != "autoregressive"} == {"text"}
+    with pytest.raises(DynaTreeError, match="needs a draft model"):
+        run_bench(target, None, prompts, parse_strategies("dynatree:source=hybrid"), settings(), warmup=0,
+                  progress=False)
+
+
+def test_hf_assisted_runs_a_distilled_draft_through_its_hf_export(tmp_path: Path) -> None:
+    """HF's assisted generation cannot take the runtime distilled draft; the bench exports it and
+    the row equals greedy. An early-exit draft (no export) is still refused with one line."""
+    from dynatree.bench.runner import hf_assistant
+    from dynatree.drafts.distilled import DistilledDraft, DraftConfig
+
+    target = tiny_model("llama", seed=0)
+    cfg = DraftConfig.from_target(target, name="tiny", layers=1, vocab_subset=list(range(64)))
+    draft = DistilledDraft(cfg, target.get_input_embeddings())
+    draft.init_from_target(target)
+    draft.eval()
+    assistant = hf_assistant(draft)
+    assert hasattr(assistant, "generation_config") and hf_assistant(assistant) is assistant
+    g = torch.Generator().manual_seed(3)
+    prompts = [Prompt("p0", tuple(torch.randint(2, 96, (10,), generator=g).tolist()))]
+    out = run_bench(target, draft, prompts, parse_strategies("hf-assisted"), settings(), warmup=0, progress=False)
+    assert out.mismatches == [] and out.rows[1]["stats"]["rounds"] <= T
+    with pytest.raises(DynaTreeError, match="hf-assisted needs a HuggingFace model"):
+        hf_assistant(torch.nn.Linear(2, 2))

@@ -39,13 +39,14 @@ from typing import Any
 import torch
 
 from dynatree.core.clock import sync_clock
+from dynatree.drafts.suffix import TextDraft
 from dynatree.loop.generate import generate
 from dynatree.loop.precompile import precompile
 from dynatree.runtime.engines import resolve as resolve_options
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import make_policy
-from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, StrategySpec
+from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, HF_NAMES, HF_PROMPT_LOOKUP, StrategySpec
 from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
 from dynatree.bench.sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
 
@@ -162,7 +163,7 @@ def run_engine(
     policy = make_policy(spec.name, **spec.policy_options)  # an instance: its cost profile is read back
     result = generate(
         target,
-        draft if spec.uses_draft else None,
+        draft_for(spec, draft),
         list(prompt.ids),
         policy,
         max_new_tokens=max_new_tokens,
@@ -176,6 +177,14 @@ def run_engine(
     d.update(cost_model_fields(policy, per_round))
     out = result.sequences[0, result.stats.prompt_tokens:].tolist()
     return Measurement(output_ids=out, stats=d, per_round=per_round)
+
+
+def draft_for(spec: StrategySpec, draft: torch.nn.Module | None) -> Any:
+    """What ``generate`` gets as its draft for ``spec``: the model, None (the text alone), or both
+    in one tree (:class:`~dynatree.drafts.suffix.TextDraft` wrapping the model)."""
+    if spec.source == "hybrid":
+        return TextDraft(model=draft)
+    return draft if spec.source == "model" else None
 
 
 def cost_model_fields(policy: Any, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -231,13 +240,18 @@ def run_hf_assisted(
     if pad is None:
         pad = getattr(target.generation_config, "eos_token_id", None)
         pad = pad[0] if isinstance(pad, list) else pad
-    if spec.name == HF_GENERATE:  # HF's plain greedy generate: no assistant
+    if spec.name == HF_PROMPT_LOOKUP:  # n-gram lookup in the prompt and output: no assistant model
+        kwargs.update(spec.config)
+    if spec.name != HF_ASSISTED:  # plain greedy generate, or prompt lookup
         draft = None
     options = _assistant_options(draft, spec.options) if draft is not None else contextlib.nullcontext()
     with torch.inference_mode(), options:
         start = clock()
         out = target.generate(
-            ids, assistant_model=draft, do_sample=False, max_new_tokens=max_new_tokens,
+            # an explicit mask: without one HF masks every prompt token equal to the pad id (a chat
+            # prompt's earlier <|im_end|> turns, say) and answers another question than ours
+            ids, attention_mask=torch.ones_like(ids), assistant_model=draft, do_sample=False,
+            max_new_tokens=max_new_tokens,
             min_new_tokens=0, streamer=streamer, pad_token_id=pad, **kwargs,
         )
         t_total = clock() - start
@@ -272,7 +286,24 @@ Runner = Callable[[torch.nn.Module, "torch.nn.Module | None", Prompt, StrategySp
 
 
 def _runner_for(spec: StrategySpec) -> Runner:
-    return run_hf_assisted if spec.name in (HF_ASSISTED, HF_GENERATE) else run_engine  # type: ignore[return-value]
+    return run_hf_assisted if spec.name in HF_NAMES else run_engine  # type: ignore[return-value]
+
+
+def hf_assistant(draft: torch.nn.Module) -> torch.nn.Module:
+    """``draft`` as a model HF's ``generate(assistant_model=...)`` takes: itself when it is an HF
+    model, else its export to a plain ``LlamaForCausalLM`` (a distilled draft; the export equals the
+    runtime draft, see :mod:`dynatree.integrations.export_hf`), on the draft's device and dtype."""
+    if hasattr(draft, "generation_config") and hasattr(draft, "generate"):
+        return draft
+    from dynatree.integrations.export_hf import build_hf_model
+
+    try:
+        model = build_hf_model(draft)
+    except DynaTreeError as e:
+        raise DynaTreeError(f"hf-assisted needs a HuggingFace model as draft (got {type(draft).__name__}: {e}); "
+                            "drop hf-assisted or pass a standalone draft model") from None
+    weight = next(draft.parameters())
+    return model.to(device=weight.device, dtype=weight.dtype)
 
 
 @dataclass
@@ -312,21 +343,16 @@ def run_bench(
         raise DynaTreeError("no prompts to benchmark")
     if not specs or specs[0].name != AUTOREGRESSIVE:
         raise DynaTreeError("the first strategy must be autoregressive (the reference of every speedup)")
-    if draft is None and any(s.uses_draft for s in specs):
-        need = ", ".join(s.label for s in specs if s.uses_draft)
-        raise DynaTreeError(f"strategies {need} need a draft model")
-    if any(s.name == HF_ASSISTED for s in specs) and not hasattr(draft, "generation_config"):
-        raise DynaTreeError(
-            f"hf-assisted needs a HuggingFace model as draft (got {type(draft).__name__}, e.g. an early-exit "
-            "or distilled draft); drop hf-assisted or pass a standalone draft model"
-        )
-    if settings.kv_window is not None and any(s.name in (HF_ASSISTED, HF_GENERATE) for s in specs):
-        raise DynaTreeError("hf-assisted cannot evict KV rows (--kv-window), nor can hf-generate; drop them from "
-                            "the strategies")
+    if draft is None:  # no draft model: specs that did not pick a source draft from the text
+        specs = [s.without_model() for s in specs]
+    assistant = hf_assistant(draft) if draft is not None and any(s.name == HF_ASSISTED for s in specs) else None
+    if settings.kv_window is not None and any(s.name in HF_NAMES for s in specs):
+        raise DynaTreeError("HF's generate cannot evict KV rows (--kv-window): drop hf-assisted, hf-generate and "
+                            "hf-prompt-lookup from the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
     resolved = {s.label: resolve_options(s.engine_options(settings.engine_options()), target)
-                for s in specs if s.name not in (HF_ASSISTED, HF_GENERATE)}
+                for s in specs if s.name not in HF_NAMES}
     records = {label: _engine_record(options) for label, options in resolved.items()}
     compiled = [s for s in specs if s.label in resolved and resolved[s.label].engine == "static"
                 and resolved[s.label].compile]
@@ -361,7 +387,8 @@ def run_bench(
             for w in range(warmup):
                 for spec in specs:
                     bar.describe(f"warm-up {w + 1}/{warmup} {spec.label}")
-                    _runner_for(spec)(target, draft, prompts[w % len(prompts)], spec, settings, wt)
+                    _runner_for(spec)(target, assistant if spec.name == HF_ASSISTED else draft,
+                                      prompts[w % len(prompts)], spec, settings, wt)
                     bar.advance_warmup()
         for prompt, spec, key in plan:
             if key in done:
@@ -369,7 +396,8 @@ def run_bench(
             else:
                 bar.describe(f"{prompt.id} {spec.label}")
                 reset_peak_memory(device)
-                m = _runner_for(spec)(target, draft, prompt, spec, settings, settings.max_new_tokens)
+                m = _runner_for(spec)(target, assistant if spec.name == HF_ASSISTED else draft, prompt, spec,
+                                      settings, settings.max_new_tokens)
                 mem, mem_kind = peak_memory_mb(device)
                 row = {
                     "schema": SCHEMA_VERSION, "key": key, "group": group, "session": session, "origin": origin,

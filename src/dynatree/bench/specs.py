@@ -5,12 +5,17 @@ Syntax (one string, as given to ``--strategies``)::
     SPEC[,SPEC...]          SPEC = NAME[:KEY=VALUE[:KEY=VALUE...]][@LABEL]
 
 * ``NAME`` is an engine strategy (``autoregressive``, ``linear``, ``fixed``, ``dynatree``, ...) or
-  ``hf-assisted`` (HuggingFace ``generate(assistant_model=draft)``, greedy);
+  one of HuggingFace's own greedy decoders: ``hf-generate`` (plain ``generate``), ``hf-assisted``
+  (``generate(assistant_model=draft)``; a distilled draft is exported to a plain HF model for it)
+  and ``hf-prompt-lookup`` (``generate(prompt_lookup_num_tokens=10)``: no draft model);
 * options are the strategy's config fields, values parsed like ``generate -o`` (ints, floats,
-  ``true``/``false``, strings), plus *run* options that override the bench's engine settings for
-  this spec only: ``engine=hf|static``, ``compile=true|false`` and ``cpu_linear=true|false``. They
-  let one run measure a strategy on both engines side by side, e.g.
-  ``dynatree:engine=static:compile=true@dynatree-compiled``;
+  ``true``/``false``, strings), plus *run* options that override the bench's settings for
+  this spec only: ``engine=hf|static``, ``compile=true|false``, ``cpu_linear=true|false`` and
+  ``source=model|text|hybrid`` (what drafts: the draft model, the text itself with no model, or
+  both in one tree). They let one run measure a strategy on both engines, or from every source,
+  side by side, e.g. ``dynatree:engine=static:compile=true@dynatree-compiled`` or
+  ``dynatree:source=hybrid@dynatree-hybrid``. Without ``source`` a spec drafts with the model, or
+  from the text when the bench has no draft model (``--draft none``);
 * ``@LABEL`` names the row in tables; without it the label is the spec text itself, so
   ``linear:k=5,linear:k=8`` gives two distinct rows. Two specs with the same label are refused.
 * presets expand in place: ``paper`` (the DynaTree paper's Table 1 line-up) and ``ablation`` (its Table 4).
@@ -36,12 +41,19 @@ from dynatree.policies import make_policy
 HF_ASSISTED = "hf-assisted"
 #: HuggingFace's own greedy ``generate`` (eager, no draft): the baseline a user compares with first.
 HF_GENERATE = "hf-generate"
+#: HuggingFace's prompt lookup decoding: n-gram matches in the prompt and output, no draft model.
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+HF_NAMES = (HF_ASSISTED, HF_GENERATE, HF_PROMPT_LOOKUP)
 AUTOREGRESSIVE = "autoregressive"
 # Generation-config fields HF reads for assisted decoding; anything else would be silently ignored.
 HF_ASSISTED_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-# Options that choose how a strategy runs (engine.generate arguments), not what it drafts.
-RUN_OPTIONS = ("engine", "compile", "cpu_linear")
+#: ``generate`` arguments of prompt lookup, with HF's defaults written out (HF's docs use 10 tokens).
+HF_PROMPT_LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
+# Options that choose how a strategy runs (engine.generate arguments), not how its policy drafts.
+RUN_OPTIONS = ("engine", "compile", "cpu_linear", "source")
 ENGINES = ("hf", "static")
+#: What drafts a tree: the draft model, the text itself (a suffix index, no model), or both merged.
+SOURCES = ("model", "text", "hybrid")
 
 PRESETS: dict[str, str] = {
     # The DynaTree paper's Table 1 line-up (WikiText-2 settings): AR, Linear K=8, Fixed (D=8, B=3, tau=0.1), DynaTree.
@@ -72,9 +84,13 @@ class StrategySpec:
         run = self.run
         if run:
             where = format_spec(self.name, self.options)
-            if self.name in (HF_ASSISTED, HF_GENERATE):
+            if self.name in HF_NAMES:
                 raise DynaTreeError(f"'{where}': {self.name} runs HuggingFace generate; it takes no "
                                     f"{'/'.join(RUN_OPTIONS)} option")
+            if "source" in run and run["source"] not in SOURCES:
+                raise DynaTreeError(f"'{where}': source must be one of {', '.join(SOURCES)}, got {run['source']!r}")
+            if "source" in run and self.name == AUTOREGRESSIVE:
+                raise DynaTreeError(f"'{where}': autoregressive drafts nothing; it takes no source option")
             if "engine" in run and run["engine"] not in ENGINES:
                 raise DynaTreeError(f"'{where}': engine must be one of {', '.join(ENGINES)}, got {run['engine']!r}")
             for flag in ("compile", "cpu_linear"):
@@ -92,6 +108,12 @@ class StrategySpec:
             if self.options:
                 raise DynaTreeError(f"strategy '{HF_GENERATE}' takes no options, got {', '.join(self.options)}")
             config = {}
+        elif self.name == HF_PROMPT_LOOKUP:
+            unknown = sorted(set(self.options) - set(HF_PROMPT_LOOKUP_DEFAULTS))
+            if unknown:
+                raise DynaTreeError(f"unknown option(s) {', '.join(unknown)} for strategy '{HF_PROMPT_LOOKUP}'; "
+                                    f"valid: {', '.join(HF_PROMPT_LOOKUP_DEFAULTS)}")
+            config = {**HF_PROMPT_LOOKUP_DEFAULTS, **self.options}
         else:
             policy = make_policy(self.name, **self.policy_options)  # validates names and ranges
             config = {**dataclasses.asdict(policy.config), **run}
@@ -101,7 +123,27 @@ class StrategySpec:
 
     @property
     def uses_draft(self) -> bool:
-        return self.name not in (AUTOREGRESSIVE, HF_GENERATE)
+        """Whether this spec needs the draft model (a text-only source and HF's own
+        no-draft decoders do not)."""
+        return self.name not in (AUTOREGRESSIVE, HF_GENERATE, HF_PROMPT_LOOKUP) and self.source != "text"
+
+    @property
+    def source(self) -> str | None:
+        """What drafts for this spec (``model``, ``text`` or ``hybrid``); None for a strategy that
+        drafts nothing or runs HF's decoders, and ``model`` when the spec does not say."""
+        if self.name in (AUTOREGRESSIVE, *HF_NAMES):
+            return None
+        return self.run.get("source", "model")
+
+    def without_model(self) -> "StrategySpec":
+        """This spec for a bench with no draft model: a spec that did not choose its source drafts
+        from the text (same label); one that asked for the model is refused."""
+        if not self.uses_draft:
+            return self
+        if "source" in self.run or self.name == HF_ASSISTED:
+            raise DynaTreeError(f"'{self.label}' needs a draft model (source={self.source or 'model'}); "
+                                "pass --draft, or drop it")
+        return StrategySpec(self.name, {**self.options, "source": "text"}, self.label)
 
     @property
     def run(self) -> dict[str, Any]:

@@ -26,11 +26,15 @@ if TYPE_CHECKING:
     from dynatree.bench.specs import StrategySpec
 
 DEFAULT_STRATEGIES = "autoregressive,linear,fixed,dynatree,dyspec,hf-assisted"
+HF_ASSISTED = "hf-assisted"  # (bench.specs.HF_ASSISTED; not imported here, to keep --help free of torch)
 STRATEGY_HELP = (
     "Comma-separated specs NAME:key=value:...@LABEL (options and label optional), e.g. \"linear:k=8,fixed:depth=8:branch=3,dynatree\". "
-    "Names: autoregressive, linear, fixed, dynatree, dyspec, dyspec-threshold, hf-assisted, hf-generate (HF's "
-    "plain greedy generate, no draft); presets: paper, "
+    "Names: autoregressive, linear, fixed, dynatree, dyspec, dyspec-threshold; HF's own: hf-generate (plain greedy "
+    "generate), hf-assisted (generate(assistant_model=draft); a distilled draft is exported for it), hf-prompt-lookup "
+    "(prompt_lookup_num_tokens=10, no draft model); presets: paper, "
     "ablation. The same name may appear twice with different options. autoregressive is always run first. "
+    "source=model|text|hybrid picks what drafts (the draft model, the text itself, or both in one tree), e.g. "
+    "\"dynatree,dynatree:source=text@dt-text,dynatree:source=hybrid@dt-hybrid\". "
     "engine=hf|static and compile=true|false override --engine/--compile for one spec, e.g. "
     "\"autoregressive,autoregressive:engine=static:compile=true@ar-compiled,dynatree,dynatree:engine=static:compile=true@dt-compiled\" "
     "(the first autoregressive is the reference; every row also gets a speedup over the others)."
@@ -51,7 +55,8 @@ class RunArgs:
     (:func:`~dynatree.cli.common.dataclass_flags`), which receive them as one ``run`` value."""
 
     target: Annotated[str, Opt(help="Target model: preset, HF id or local path.")] = "smollm2-135m"
-    draft: Annotated[str, Opt(help="Draft: preset, HF id, local path, early-exit:K, or 'default'.")] = "default"
+    draft: Annotated[str, Opt(help="Draft: preset, HF id, local path, early-exit:K, 'default', or 'none' (every "
+                                   "strategy drafts from the text itself).")] = "default"
     dataset: Annotated[str, Opt(help=f"Prompt set: {', '.join(PROMPT_SETS)} (see `dynatree list`), "
                                      "or a .txt/.jsonl path.")] = "pydoc"
     num_prompts: Annotated[int, Opt(help="Measured prompts (warm-up runs come on top).")] = 10
@@ -74,7 +79,7 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
 
     torch_dtype = models.parse_dtype(dtype)
     tmodel, tokenizer = models.load_model(target, dtype=torch_dtype, device=device)
-    if not needs_draft:
+    if not needs_draft or draft == "none":
         return tmodel, None, tokenizer, None
     draft_name = DEFAULT_DRAFT if draft == "default" else draft
     dmodel = models.resolve_draft(draft_name, tmodel, dtype=torch_dtype, device=device, tokenizer=tokenizer)
@@ -96,19 +101,23 @@ def _prompts(run: RunArgs, tokenizer: Any) -> list[Prompt]:
 
 
 def _drop_unsupported_hf(specs: list[StrategySpec], draft: Any, explicit: bool) -> list[StrategySpec]:
-    """HF assisted generation needs a HF model as draft; the distilled/early-exit drafts are not."""
-    if draft is None or hasattr(draft, "generation_config") and hasattr(draft, "generate"):
+    """HF assisted generation needs an HF model as draft: a distilled draft is exported to one (see
+    ``bench.runner.hf_assistant``); an early-exit draft, or no draft at all, cannot be."""
+    from dynatree.bench.runner import hf_assistant
+
+    hf = [s for s in specs if s.name == HF_ASSISTED]
+    if not hf:
         return specs
-    hf = [s for s in specs if s.name == "hf-assisted"]
-    if hf and explicit:
-        raise DynaTreeError(
-            f"hf-assisted needs a HuggingFace model as draft, not {type(draft).__name__}; pass --draft with a "
-            "model name/path, or drop hf-assisted from --strategies"
-        )
-    if hf:
-        typer.secho(f"note: hf-assisted skipped: the draft ({type(draft).__name__}) is not a HuggingFace "
-                    "model that generate(assistant_model=...) accepts", fg=typer.colors.YELLOW, err=True)
-    return [s for s in specs if s.name != "hf-assisted"]
+    try:
+        if draft is None:
+            raise DynaTreeError("hf-assisted needs a draft model (--draft none gives none)")
+        hf_assistant(draft)
+        return specs
+    except DynaTreeError as e:
+        if explicit:
+            raise
+        typer.secho(f"note: hf-assisted skipped: {e}", fg=typer.colors.YELLOW, err=True)
+    return [s for s in specs if s.name != HF_ASSISTED]
 
 
 def _settings(run: RunArgs, engine: dict[str, Any], draft_name: str | None, device: str, max_new_tokens: int,
@@ -197,14 +206,14 @@ def bench(
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from dynatree.bench.runner import BenchSettings, run_bench
-    from dynatree.bench.specs import parse_strategies
+    from dynatree.bench.specs import HF_NAMES, parse_strategies
     from dynatree.bench.store import ResultsWriter
 
     set_threads(run.threads)
     specs = parse_strategies(strategies)  # validate before loading anything
     engine = BenchSettings.engine_fields(options)
     for s in specs:
-        if s.name not in ("hf-assisted", "hf-generate"):
+        if s.name not in HF_NAMES:
             s.engine_options(options)  # refuses compile=true on an hf spec
     needs_draft = any(s.uses_draft for s in specs)
     device, output, progress = run.device, run.output, run.progress
@@ -214,7 +223,7 @@ def bench(
 
         tmodel, dmodel, tok, draft_name = load_tp_pair(run.target, run.draft, needs_draft,
                                                                    models.parse_dtype(run.dtype))
-        specs = [s for s in specs if s.name not in ("hf-assisted", "hf-generate")]  # HF generate: not run sharded here
+        specs = [s for s in specs if s.name not in HF_NAMES]  # HF generate: not run sharded here
         device = str(tmodel.device)
     else:
         tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, device, needs_draft)
@@ -223,7 +232,7 @@ def bench(
     if temperature < 0:
         raise DynaTreeError(f"--temperature must be >= 0, got {temperature}")
     if temperature > 0 or options.kv_window is not None:
-        specs = [s for s in specs if s.name not in ("hf-assisted", "hf-generate")]  # greedy, full-cache runs only
+        specs = [s for s in specs if s.name not in HF_NAMES]  # greedy, full-cache runs only
     settings = _settings(run, engine, draft_name, device, run.max_new_tokens, temperature)
     lead = True
     if tp:
