@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dynatree.catalog import SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE
-from dynatree.errors import DynaTreeError
+from dynatree.errors import DynaTreeError, first_line
 
 
 # Bump when the conversion below changes, so that old caches are rebuilt instead of reused.
@@ -126,8 +126,3 @@ def ensure_gguf_cache(gguf_path: Path, cache_root: Path | None = None) -> Path:
     if not cached.is_dir():
         _convert_gguf(gguf_path, cached)
     return cached
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -35,9 +35,9 @@ from transformers import (
 
 from dynatree.runtime.cache import vocab_size  # (re-exported: the one vocabulary-size reader)
 from dynatree.runtime.devices import check_device
-from dynatree.errors import DynaTreeError
+from dynatree.errors import DynaTreeError, first_line
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, EARLY_EXIT_PREFIX, PRESETS, SHIPPED_DRAFTS
-from dynatree.loading.gguf import ensure_gguf_cache, first_line, packaged_gguf_path
+from dynatree.loading.gguf import ensure_gguf_cache, packaged_gguf_path
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32,
