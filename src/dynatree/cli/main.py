@@ -6,13 +6,14 @@ code 2 -- no traceback from deep inside torch.
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dynatree.cli.common import TP_HELP, engine_flags, friendly_errors, set_threads
+from dynatree.cli.common import TP_HELP, check_utf8, engine_flags, friendly_errors, set_threads
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_TEMPERATURE, PRESETS, PROMPT_SETS
 from dynatree.training.config import DistillConfig
 from dynatree.errors import DynaTreeError
@@ -82,6 +83,7 @@ def generate(
     set_threads(threads)
     if not prompt.strip():
         raise DynaTreeError("empty prompt: --prompt is empty or whitespace only")
+    check_utf8(prompt, "--prompt")
     if max_new_tokens < 1:
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
@@ -183,6 +185,8 @@ def chat_command(
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, options=options)
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
+    if isinstance(sys.stdin, io.TextIOWrapper):  # undecodable bytes reach check_utf8, not a traceback
+        sys.stdin.reconfigure(errors="surrogateescape")
     while True:
         try:
             typer.echo("you> ", nl=False)  # on stdout: input()'s own prompt goes to stderr on a tty
@@ -198,6 +202,11 @@ def chat_command(
             typer.secho("(conversation cleared)", dim=True)
             continue
         if not command:
+            continue
+        try:
+            check_utf8(text, "the message")
+        except DynaTreeError as err:  # one bad line need not end the conversation
+            typer.secho(f"error: {err}; not sent", fg=typer.colors.RED, err=True)
             continue
         typer.echo("bot> ", nl=False)
         result = session.turn(text)
