@@ -75,7 +75,7 @@ def generate(
 
     from dynatree.loading import models
     from dynatree.runtime.devices import check_device
-    from dynatree.loop.generate import generate as run
+    from dynatree.loop.generate import check_positions, generate as run
     from dynatree.loop.precompile import precompile
     from dynatree.runtime.engines import resolve as resolve_options
     from dynatree.policies import make_policy
@@ -105,11 +105,14 @@ def generate(
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
     options = resolve_options(options, tmodel)
+    prompt_tokens = len(ids) if isinstance(ids, list) else ids.shape[-1]  # (--chat gives a list)
+    if options.kv_window is None:  # a run too long for the model: the error now, not after compiling for it
+        check_positions(prompt_tokens, max_new_tokens, policy, tmodel, dmodel, truncate_prompt)
     common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
                   allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, draft_temperature=draft_temperature, options=options)
     if options.compile and options.engine == "static":  # every graph first: neither run's speed includes compiling
-        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, options)
+        precompile(tmodel, dmodel, prompt_tokens + max_new_tokens, options)
     main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
     streamer = EchoStreamer(tok) if main else None  # prints each round's tokens as soon as it commits
     if main and not chat:
