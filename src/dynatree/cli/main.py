@@ -214,6 +214,9 @@ def chat_command(
         typer.echo("bot> ", nl=False)
         result = session.turn(text)
         typer.secho(status_line(result.stats), fg=typer.colors.CYAN, dim=True)
+        if session.dropped:
+            typer.secho(f"({session.dropped} oldest turn(s) dropped: the conversation no longer fits the "
+                        f"model's {session.max_positions} positions)", dim=True)
 
 
 @app.command("list")
