@@ -197,6 +197,9 @@ def chat_command(
         except EOFError:
             typer.echo()
             break
+        except KeyboardInterrupt:
+            typer.echo()  # "interrupted" on a line of its own, not after "you> "
+            raise
         command = text.strip()
         if command in ("/exit", "/quit"):
             break
