@@ -115,9 +115,9 @@ class ChatSession:
         """Send one user message; the reply is streamed to ``out`` and kept in the history."""
         before = list(self.messages)
         self.messages.append({"role": "user", "content": text})
-        ids, dropped = self._fitting_prompt()
         streamer = EchoStreamer(self.tokenizer, self.out)
         try:
+            ids, dropped = self._fitting_prompt()
             result = generate(self.target, self.draft, ids, self.strategy, max_new_tokens=self.max_new_tokens,
                               eos_token_id=chat_eos(self.target, self.tokenizer), truncate_prompt=True,
                               tokenizer=self.tokenizer, on_round=streamer.on_round, **self.options)
