@@ -178,7 +178,7 @@ def _conversion_lock(destination: Path) -> Iterator[None]:
         except Timeout:
             print(f"dynatree: waiting for another process converting the model to {destination} ...",
                   file=sys.stderr, flush=True)
-            lock.acquire()
+            lock.acquire(timeout=-1)  # no time limit: the lock goes when its holder ends, even by a crash
     except (OSError, NotImplementedError):  # no locking here (some network file systems)
         yield
         return
