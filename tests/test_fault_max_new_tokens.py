@@ -92,3 +92,26 @@ def test_cli_bench_refuses_before_compiling_or_running(model_dirs, tmp_path: Pat
     [line] = error_lines(res.stderr)
     assert f"max_new_tokens ({HUGE}) + tree depth (0)" in line and "can be at most" in line
     assert calls == []
+
+
+@pytest.mark.parametrize("strategy,options", [("linear", {"k": 2}), ("dynatree", {})])
+def test_the_early_check_counts_what_generate_counts_for_the_text_source(strategy: str, options: dict) -> None:
+    """draft=None drafts from the text itself, whose own tree depth counts towards the positions:
+    the check run before any work raises the very error generate raises, and passes what it runs."""
+    from dynatree.loop.generate import check_positions
+    from dynatree.policies import make_policy
+
+    target = tiny_model("llama", 0, max_positions=64)
+    ids = torch.tensor([[5, 6, 7]])
+    for new in (8, 20, 40, 60):
+        try:
+            dynatree.generate(target, None, ids, strategy, max_new_tokens=new, eos_token_id=[], **options)
+            ran = None
+        except DynaTreeError as err:
+            ran = str(err)
+        try:
+            check_positions(3, new, make_policy(strategy, **options), target, None)
+            checked = None
+        except DynaTreeError as err:
+            checked = str(err)
+        assert checked == ran
