@@ -15,3 +15,10 @@ def check(ok: bool, name: str, allowed: str, value: object) -> None:
     value (``invalid top_p=2: must be None or a number in (0, 1]``); every config validates this way."""
     if not ok:
         raise DynaTreeError(f"invalid {name}={value!r}: must be {allowed}")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type name when it has none): many library errors
+    run over several lines, and the CLI's errors are one line."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

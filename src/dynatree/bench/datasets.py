@@ -39,6 +39,7 @@ their own order and one prompt per paragraph or record: they are the user's prom
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 import random
@@ -175,11 +176,27 @@ def cut_to_tokens(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int
 
 
 def _read_local(path: Path) -> list[str]:
-    """Prompts of a local .txt (blank-line separated) or .jsonl (``text``/``prompt``) file, in order."""
+    """Prompts of a local .txt (blank-line separated) or .jsonl (``text``/``prompt``) file, in order.
+
+    The file must be UTF-8 text (a leading byte-order mark is dropped): invalid bytes, and NUL
+    bytes (a UTF-16 or binary file, which would otherwise tokenize as garbage), are refused with
+    the byte offset of the first one. A NUL wanted inside a prompt is written ``\\u0000`` in .jsonl.
+    """
     try:
-        content = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DynaTreeError(f"cannot read prompt file {path}: {exc}") from exc
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DynaTreeError(f"cannot read prompt file {path}: {exc.strerror}") from exc
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        content = data[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = bom + exc.start
+        raise DynaTreeError(f"prompt file {path} is not UTF-8 text: byte 0x{data[at]:02x} at byte offset {at} "
+                            f"({exc.reason}); save it as UTF-8") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise DynaTreeError(f"prompt file {path} has a NUL byte at byte offset {nul} (a UTF-16 or binary file?); "
+                            "save it as UTF-8 text")
     if path.suffix == ".txt":
         prompts = [block.strip() for block in prose.paragraphs(content)]
     elif path.suffix == ".jsonl":

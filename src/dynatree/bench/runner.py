@@ -40,7 +40,7 @@ import torch
 
 from dynatree.core.clock import sync_clock
 from dynatree.drafts.suffix import TextDraft
-from dynatree.loop.generate import generate
+from dynatree.loop.generate import check_positions, generate
 from dynatree.loop.precompile import precompile
 from dynatree.runtime.engines import resolve as resolve_options
 from dynatree.errors import DynaTreeError
@@ -351,6 +351,12 @@ def run_bench(
                             "hf-prompt-lookup from the strategies")
     if warmup < 0:
         raise DynaTreeError(f"warmup must be >= 0, got {warmup}")
+    if settings.kv_window is None:  # a run too long for the models: the error now, not after compiling for it
+        longest = max(len(p.ids) for p in prompts)
+        for s in specs:
+            if s.name not in HF_NAMES:
+                check_positions(longest, settings.max_new_tokens, make_policy(s.name, **s.policy_options), target,
+                                draft_for(s, draft))
     resolved = {s.label: resolve_options(s.engine_options(settings.engine_options()), target)
                 for s in specs if s.name not in HF_NAMES}
     records = {label: _engine_record(options) for label, options in resolved.items()}

@@ -1,14 +1,17 @@
 """The results file: JSON Lines, one row per (strategy, prompt), appended durably and resumable.
 
 Why this shape: a benchmark can run for hours and be killed at any moment. Each row is written
-with ``flush`` + ``fsync`` as soon as it is measured, so everything completed survives a crash or
+and ``fsync``-ed as soon as it is measured, so everything completed survives a crash or
 Ctrl-C; each row has a ``key`` (hash of strategy, full options, prompt id and settings), so a rerun
 skips what is already there and never duplicates a row. A torn last line (crash mid-write) or a
 row from another schema version is skipped by the reader and *counted*, never silently dropped.
+A write that fails (full disk, read-only file system, quota) is undone: the file is cut back to
+the rows before it, and the run stops with a one-line error.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -111,14 +114,19 @@ class ResultsWriter:
         self.path = Path(path)
         if self.path.is_dir():
             raise DynaTreeError(f"--output '{self.path}' is a directory; give a .jsonl file path")
-        if overwrite and self.path.exists():
-            self.path.unlink()
+        try:
+            if overwrite and self.path.exists():
+                self.path.unlink()
+        except OSError as err:
+            raise DynaTreeError(f"cannot replace results file '{self.path}' (--overwrite): {err.strerror}") from None
         self.existing = load_results(self.path) if self.path.exists() else LoadedResults()
         self.done: dict[str, dict[str, Any]] = {r["key"]: r for r in self.existing.rows}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._repair_torn_tail()
-            self._fh = self.path.open("a", encoding="utf-8")
+            # Unbuffered bytes: a row reaches the file in the write calls of append, never later in
+            # a flush, so append knows whether it is all there.
+            self._fh = self.path.open("ab", buffering=0)
         except OSError as err:
             raise DynaTreeError(f"cannot write results file '{self.path}': {err.strerror}") from None
 
@@ -134,13 +142,47 @@ class ResultsWriter:
                 fh.write(b"\n")
 
     def append(self, row: dict[str, Any]) -> None:
-        """Write one row durably (flush + fsync), so it survives a crash right after."""
+        """Write one row durably (fsync), so it survives a crash right after; all or nothing.
+
+        The row goes out as one line; should the disk fill up (or the file system turn read-only)
+        part-way, the file is cut back to its length before the row, so the rows already saved stay
+        valid and no half row is left for a rerun to skip.
+        """
         if row["key"] in self.done:
             return
-        self._fh.write(json.dumps(row, default=_json_default) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        line = (json.dumps(row, default=_json_default) + "\n").encode("utf-8")
+        fd = self._fh.fileno()
+        start = os.fstat(fd).st_size  # the file is opened for appending: the row lands here
+        view = memoryview(line)
+        try:
+            while view:  # a raw write may take only part of the line (a disk filling up)
+                written = self._fh.write(view)
+                if not written:
+                    raise OSError(errno.EIO, "the write made no progress")
+                view = view[written:]
+            os.fsync(fd)
+        except OSError as err:
+            undone = self._cut_back(fd, start)
+            raise DynaTreeError(
+                f"cannot write results file '{self.path}': {err.strerror or err}; "
+                + (f"the {len(self.done)} row(s) saved before are intact, rerun the same command to continue"
+                   if undone else f"a partial row may remain after byte {start} (rerunning skips it)")
+            ) from None
+        except BaseException:  # Ctrl-C between two parts of the line: take the part back too
+            if view:
+                self._cut_back(fd, start)
+            raise
         self.done[row["key"]] = row
+
+    @staticmethod
+    def _cut_back(fd: int, length: int) -> bool:
+        """Truncate the file to ``length`` bytes (undo a partial row); False if even that failed."""
+        try:
+            os.ftruncate(fd, length)
+            os.fsync(fd)
+        except OSError:
+            return False
+        return True
 
     def close(self) -> None:
         self._fh.close()

@@ -40,6 +40,25 @@ def friendly_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def check_utf8(text: str, what: str) -> None:
+    """Refuse text that did not arrive as valid UTF-8, in one line naming ``what`` and the offset
+    of the first bad byte.
+
+    Python hands undecodable bytes of the command line (and of stdin, see ``dynatree chat``) over
+    as lone surrogates (``surrogateescape``); no tokenizer can encode those, and the failure would
+    surface as a TypeError deep inside it.
+    """
+    try:
+        text.encode("utf-8")
+        return
+    except UnicodeEncodeError as err:
+        index = err.start
+    offset = len(text[:index].encode("utf-8"))
+    code = ord(text[index])
+    bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"character U+{code:04X}"
+    raise DynaTreeError(f"{what} is not valid UTF-8: {bad} at byte offset {offset}")
+
+
 TP_HELP = ("Shard the target over the torchrun processes (tensor parallelism, transformers' tp_plan); the "
            "draft is replicated. Launch: torchrun --nproc-per-node N -m dynatree generate --tp ...")
 

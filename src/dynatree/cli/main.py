@@ -6,13 +6,14 @@ code 2 -- no traceback from deep inside torch.
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dynatree.cli.common import TP_HELP, engine_flags, friendly_errors, set_threads
+from dynatree.cli.common import TP_HELP, check_utf8, engine_flags, friendly_errors, set_threads
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_TEMPERATURE, PRESETS, PROMPT_SETS
 from dynatree.training.config import DistillConfig
 from dynatree.errors import DynaTreeError
@@ -74,7 +75,7 @@ def generate(
 
     from dynatree.loading import models
     from dynatree.runtime.devices import check_device
-    from dynatree.loop.generate import generate as run
+    from dynatree.loop.generate import check_positions, generate as run
     from dynatree.loop.precompile import precompile
     from dynatree.runtime.engines import resolve as resolve_options
     from dynatree.policies import make_policy
@@ -82,6 +83,7 @@ def generate(
     set_threads(threads)
     if not prompt.strip():
         raise DynaTreeError("empty prompt: --prompt is empty or whitespace only")
+    check_utf8(prompt, "--prompt")
     if max_new_tokens < 1:
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
@@ -103,11 +105,14 @@ def generate(
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
     options = resolve_options(options, tmodel)
+    prompt_tokens = len(ids) if isinstance(ids, list) else ids.shape[-1]  # (--chat gives a list)
+    if options.kv_window is None:  # a run too long for the model: the error now, not after compiling for it
+        check_positions(prompt_tokens, max_new_tokens, policy, tmodel, dmodel, truncate_prompt)
     common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
                   allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, draft_temperature=draft_temperature, options=options)
     if options.compile and options.engine == "static":  # every graph first: neither run's speed includes compiling
-        precompile(tmodel, dmodel, ids.shape[-1] + max_new_tokens, options)
+        precompile(tmodel, dmodel, prompt_tokens + max_new_tokens, options)
     main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
     streamer = EchoStreamer(tok) if main else None  # prints each round's tokens as soon as it commits
     if main and not chat:
@@ -183,6 +188,8 @@ def chat_command(
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, options=options)
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
+    if isinstance(sys.stdin, io.TextIOWrapper):  # undecodable bytes reach check_utf8, not a traceback
+        sys.stdin.reconfigure(errors="surrogateescape")
     while True:
         try:
             typer.echo("you> ", nl=False)  # on stdout: input()'s own prompt goes to stderr on a tty
@@ -190,6 +197,9 @@ def chat_command(
         except EOFError:
             typer.echo()
             break
+        except KeyboardInterrupt:
+            typer.echo()  # "interrupted" on a line of its own, not after "you> "
+            raise
         command = text.strip()
         if command in ("/exit", "/quit"):
             break
@@ -199,9 +209,17 @@ def chat_command(
             continue
         if not command:
             continue
+        try:
+            check_utf8(text, "the message")
+        except DynaTreeError as err:  # one bad line need not end the conversation
+            typer.secho(f"error: {err}; not sent", fg=typer.colors.RED, err=True)
+            continue
         typer.echo("bot> ", nl=False)
         result = session.turn(text)
         typer.secho(status_line(result.stats), fg=typer.colors.CYAN, dim=True)
+        if session.dropped:
+            typer.secho(f"({session.dropped} oldest turn(s) dropped: the conversation no longer fits the "
+                        f"model's {session.max_positions} positions)", dim=True)
 
 
 @app.command("list")

@@ -7,8 +7,10 @@ Apart from :mod:`dynatree.drafts.distilled` (the independent draft) and
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -21,7 +23,7 @@ from dynatree.drafts.distilled import (
     default_draft_path,
 )
 from dynatree.drafts.feature_head import FeatureDraft
-from dynatree.errors import DynaTreeError
+from dynatree.errors import DynaTreeError, first_line
 
 
 def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None = None
@@ -36,9 +38,9 @@ def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None 
     if not cfg_file.is_file() or not weights_file.is_file():
         raise DynaTreeError(f"no distilled draft in {folder} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
     try:
-        cfg = DraftConfig.from_json(cfg_file.read_text())
-    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
-        raise DynaTreeError(f"{cfg_file} is not a valid draft config: {err}") from err
+        cfg = DraftConfig.from_json(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise DynaTreeError(f"{cfg_file} is not a valid draft config ({err}); {_restore_hint(folder)}") from err
     embedding = target.get_input_embeddings()
     got = TargetFingerprint.of(embedding.weight)
     if not cfg.fingerprint.matches(got):
@@ -48,13 +50,30 @@ def load_distilled_draft(target: nn.Module, path: str | os.PathLike[str] | None 
             f"{type(target).__name__} (embedding {got.shape[0]}x{got.shape[1]}) is a different "
             "model")
     draft = draft_class(cfg.kind)(cfg, embedding)
-    state = load_file(str(weights_file))
+    try:
+        state = load_file(str(weights_file))
+    except (SafetensorError, OSError) as err:  # a truncated copy, a damaged header, an unreadable file
+        raise DynaTreeError(f"cannot read the draft weights {weights_file} ({first_line(err)}): the file is "
+                            f"truncated or damaged; {_restore_hint(folder)}") from None
     expected = set(draft.trainable_state_dict())
     if set(state) != expected:
         raise DynaTreeError(f"{weights_file} holds tensors {sorted(set(state) ^ expected)[:4]} "
-                            "that do not match its config")
-    draft.load_state_dict(state, strict=False)
+                            f"that do not match its config; {_restore_hint(folder)}")
+    try:
+        draft.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # torch lists every mismatched shape on its own line
+        raise DynaTreeError(f"{weights_file} holds tensors whose shapes do not match its config "
+                            f"({first_line(err)}); {_restore_hint(folder)}") from None
     return draft.to(dtype=embedding.weight.dtype).eval()
+
+
+def _restore_hint(folder: Path) -> str:
+    """How to get intact draft files back: a draft shipped in the package comes back with the
+    package; one the user distilled, by distilling (or copying) it again."""
+    package = Path(str(resources.files("dynatree"))).resolve()
+    if folder.resolve().is_relative_to(package):
+        return "reinstall dynatree (pip install --force-reinstall --no-deps dynatree)"
+    return f"distil the draft again (dynatree distill) or copy {folder} again"
 
 
 def draft_class(kind: str) -> type[DistilledDraft]:

@@ -8,15 +8,16 @@ template, the format an instruct model was trained on.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, TextIO
 
 import torch
 from transformers import TextStreamer
 
-from dynatree.loop.generate import generate
+from dynatree.loop.generate import generate, max_positions, run_positions
 from dynatree.errors import DynaTreeError
-from dynatree.policies import DraftPolicy
+from dynatree.policies import DraftPolicy, make_policy
 from dynatree.core.stats import GenerationResult, GenerationStats, RoundEvent
 
 
@@ -66,7 +67,10 @@ class ChatSession:
     """A conversation with the target, one :func:`dynatree.generate` call per turn.
 
     Each turn runs the whole conversation again from the chat template (the engine keeps no cache
-    between calls); long conversations are left-truncated to the models' positions.
+    between calls). A conversation that outgrows the models' positions loses its oldest turns,
+    whole (the system prompt stays), so the model never reads a message cut in the middle;
+    :attr:`dropped` says how many the last turn dropped. Only a single message too long even on
+    its own is left-truncated by the engine.
     """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None, tokenizer: Any,
@@ -75,7 +79,33 @@ class ChatSession:
         self.target, self.draft, self.tokenizer, self.strategy = target, draft, tokenizer, strategy
         self.system, self.out, self.max_new_tokens, self.options = system, out, max_new_tokens, options
         self.messages: list[dict[str, str]] = []
+        self.dropped = 0  # oldest turns the last turn() dropped to fit the models' positions
+        self.max_positions, self.room = self._prompt_room()
         self.reset()
+
+    def _prompt_room(self) -> tuple[int | None, int | None]:
+        """The models' positions and how many of them a templated conversation may take: what is
+        left after the reply and one drafted tree, as generate's position check counts. (None,
+        None) when nothing limits it (no known maximum, or KV eviction). A reply length that
+        leaves no room at all is refused here, before the first message is typed."""
+        options = self.options.get("options")
+        if self.options.get("kv_window") is not None or getattr(options, "kv_window", None) is not None:
+            return None, None
+        keywords = inspect.signature(generate).parameters
+        policy = make_policy(self.strategy, **{k: v for k, v in self.options.items() if k not in keywords})
+        policy.limit_depth(self.max_new_tokens)
+        models, depth = run_positions(policy, self.target, self.draft)
+        limits = [n for n in map(max_positions, models) if n is not None]
+        if not limits:
+            return None, None
+        limit = min(limits)
+        room = limit - self.max_new_tokens - depth
+        if room < 1:
+            raise DynaTreeError(
+                f"max_new_tokens={self.max_new_tokens} and a tree of depth {depth} leave no room for the "
+                f"conversation in the model's {limit} positions: use max_new_tokens (--max-new-tokens) of at "
+                f"most {limit - depth - 1}")
+        return limit, room
 
     def reset(self) -> None:
         """Forget the conversation (keeps the system prompt)."""
@@ -83,19 +113,35 @@ class ChatSession:
 
     def turn(self, text: str) -> GenerationResult:
         """Send one user message; the reply is streamed to ``out`` and kept in the history."""
+        before = list(self.messages)
         self.messages.append({"role": "user", "content": text})
-        ids = chat_prompt(self.tokenizer, self.messages)
         streamer = EchoStreamer(self.tokenizer, self.out)
         try:
+            ids, dropped = self._fitting_prompt()
             result = generate(self.target, self.draft, ids, self.strategy, max_new_tokens=self.max_new_tokens,
                               eos_token_id=chat_eos(self.target, self.tokenizer), truncate_prompt=True,
                               tokenizer=self.tokenizer, on_round=streamer.on_round, **self.options)
         except BaseException:
-            self.messages.pop()  # the turn did not happen
+            self.messages = before  # the turn did not happen, nor did dropping turns for it
             raise
         finally:
             streamer.end()
+        self.dropped = dropped
         new = result.sequences[0, result.sequences.shape[1] - result.stats.new_tokens:]
         reply = self.tokenizer.decode(new, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": reply.strip()})
         return result
+
+    def _fitting_prompt(self) -> tuple[list[int], int]:
+        """The conversation's token ids, its oldest turns (a user message and its reply) dropped
+        until it fits :attr:`room`; the number dropped. The newest message is never dropped."""
+        ids, dropped = chat_prompt(self.tokenizer, self.messages), 0
+        first = 1 if self.messages[0]["role"] == "system" else 0
+        while self.room is not None and len(ids) > self.room and len(self.messages) - first > 1:
+            end = first + 1  # the oldest turn: its user message and everything up to the next one
+            while end < len(self.messages) - 1 and self.messages[end]["role"] != "user":
+                end += 1
+            del self.messages[first:end]
+            dropped += 1
+            ids = chat_prompt(self.tokenizer, self.messages)
+        return ids, dropped

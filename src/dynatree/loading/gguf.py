@@ -4,24 +4,30 @@ transformers can read GGUF (with the ``gguf`` and ``accelerate`` packages) but t
 parse and dequantize it; the fp32 safetensors copy (model + tokenizer) kept in the user cache dir
 (``platformdirs.user_cache_dir("dynatree")``, or ``$DYNATREE_CACHE``) loads in ~0.1 s. The copy is
 written to a temporary directory and renamed into place, so an interrupted first load never leaves
-a half-written cache behind. Loading the copy is :func:`dynatree.loading.models.load_gguf`.
+a half-written cache behind; a lock file lets one process convert while others started at the same
+time wait for its copy instead of converting too. Loading the copy is
+:func:`dynatree.loading.models.load_gguf`, which converts again when the copy was damaged later on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import shutil
 import struct
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dynatree.catalog import SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE
-from dynatree.errors import DynaTreeError
+from dynatree.errors import DynaTreeError, first_line
 
 
 # Bump when the conversion below changes, so that old caches are rebuilt instead of reused.
@@ -118,16 +124,77 @@ def _convert_gguf(gguf_path: Path, destination: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def ensure_gguf_cache(gguf_path: Path, cache_root: Path | None = None) -> Path:
-    """The cached fp32 copy of ``gguf_path``, converting the file first if there is none yet."""
+def ensure_gguf_cache(gguf_path: Path, cache_root: Path | None = None, *,
+                      damaged: tuple[int, int, int] | None = None) -> Path:
+    """The cached fp32 copy of ``gguf_path``, converting the file first if there is none yet.
+
+    ``damaged`` is the :func:`cache_identity` of a copy that failed to load: that copy is removed
+    and converted again, unless another process has replaced it already (then its copy is used).
+    """
     if not gguf_path.is_file():
         raise DynaTreeError(f"GGUF file not found: {gguf_path}")
     cached = gguf_cache_path(gguf_path, cache_root)
-    if not cached.is_dir():
-        _convert_gguf(gguf_path, cached)
+    if cached.is_dir() and (damaged is None or cache_identity(cached) != damaged):
+        return cached
+    with _conversion_lock(cached):
+        if damaged is not None and cache_identity(cached) == damaged:
+            _discard(cached)
+        if not cached.is_dir():  # else another process converted it while this one waited
+            _convert_gguf(gguf_path, cached)
     return cached
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def cache_identity(folder: Path) -> tuple[int, int, int] | None:
+    """Which copy ``folder`` is (device, inode, change time), to tell a damaged copy from its
+    replacement; a replacement may reuse the inode number, never also its change time."""
+    try:
+        st = folder.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+@contextlib.contextmanager
+def _conversion_lock(destination: Path) -> Iterator[None]:
+    """Hold ``locks/<destination name>.lock`` (next to the cache's ``models`` folder) while
+    converting: of processes that start converting the same file together, one converts and the
+    others then find its copy. The lock is ``flock``-based (``filelock``), so a process that dies
+    releases it, and its file stays (deleting a lock file others may wait on would void it); where
+    the file system cannot lock, the conversion goes ahead unlocked (the rename into place keeps
+    the cache whole either way)."""
+    locks = destination.parent.parent / "locks"
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        locks.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise DynaTreeError(
+            f"cannot write the model cache in {destination.parent} ({exc.strerror}); "
+            "set DYNATREE_CACHE to a writable folder"
+        ) from exc
+    lock = FileLock(str(locks / f"{destination.name}.lock"))
+    try:
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(f"dynatree: waiting for another process converting the model to {destination} ...",
+                  file=sys.stderr, flush=True)
+            lock.acquire(timeout=-1)  # no time limit: the lock goes when its holder ends, even by a crash
+    except (OSError, NotImplementedError):  # no locking here (some network file systems)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _discard(folder: Path) -> None:
+    """Remove a damaged cached copy: renamed aside first (atomic), so no process ever finds half
+    of it under the cache's name, then deleted."""
+    trash = folder.with_name(f".{folder.name}-damaged-{os.getpid()}")
+    try:
+        folder.rename(trash)
+    except OSError as exc:
+        raise DynaTreeError(f"cannot remove the damaged model cache {folder} ({exc.strerror}); delete it "
+                            "so that it is converted again") from exc
+    shutil.rmtree(trash, ignore_errors=True)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -35,9 +37,11 @@ from transformers import (
 
 from dynatree.runtime.cache import vocab_size  # (re-exported: the one vocabulary-size reader)
 from dynatree.runtime.devices import check_device
-from dynatree.errors import DynaTreeError
+from dynatree.errors import DynaTreeError, first_line
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, EARLY_EXIT_PREFIX, PRESETS, SHIPPED_DRAFTS
-from dynatree.loading.gguf import ensure_gguf_cache, first_line, packaged_gguf_path
+from dynatree.loading.gguf import cache_identity, ensure_gguf_cache, packaged_gguf_path
+
+_T = TypeVar("_T")
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -72,8 +76,25 @@ def load_gguf(
     bit-identical models.
     """
     check_device(device, dtype)  # before a conversion that would be wasted
-    cached = ensure_gguf_cache(Path(gguf_path).expanduser(), cache_root)
-    return _load_pretrained(str(cached), dtype=dtype, device=device, attn_implementation=attn_implementation)
+    model, tokenizer = _from_gguf_cache(Path(gguf_path).expanduser(), cache_root, lambda folder: _load_pretrained(
+        folder, dtype=dtype, device="cpu", attn_implementation=attn_implementation))
+    return model.to(device).eval(), tokenizer
+
+
+def _from_gguf_cache(gguf_path: Path, cache_root: Path | None, load: Callable[[str], _T]) -> _T:
+    """``load`` the cached copy of ``gguf_path`` (converting it first if needed); a copy that no
+    longer loads (truncated by a full disk, partly deleted, damaged) is converted again, once,
+    with a notice, instead of failing until the user finds and deletes it."""
+    cached = ensure_gguf_cache(gguf_path, cache_root)
+    identity = cache_identity(cached)
+    try:
+        return load(str(cached))
+    except MemoryError:
+        raise
+    except Exception as exc:  # DynaTreeError, SafetensorError, tokenizers' plain Exception, ...
+        print(f"dynatree: the cached copy of {gguf_path.name} in {cached} cannot be loaded ({first_line(exc)}); "
+              "converting it again", file=sys.stderr, flush=True)
+    return load(str(ensure_gguf_cache(gguf_path, cache_root, damaged=identity)))
 
 
 def _load_pretrained(
@@ -163,13 +184,16 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     source = _resolve(name_or_path)
     if source.kind == "distilled-draft":
         return load_tokenizer(DEFAULT_TARGET)
-    location = source.location
+
+    def load(location: str) -> PreTrainedTokenizerBase:
+        try:
+            return AutoTokenizer.from_pretrained(location)
+        except (OSError, ValueError) as exc:
+            raise DynaTreeError(f"cannot load tokenizer '{location}': {first_line(exc)} ({_preset_hint()})") from exc
+
     if source.kind == "gguf":
-        location = str(ensure_gguf_cache(Path(location)))
-    try:
-        return AutoTokenizer.from_pretrained(location)
-    except (OSError, ValueError) as exc:
-        raise DynaTreeError(f"cannot load tokenizer '{location}': {first_line(exc)} ({_preset_hint()})") from exc
+        return _from_gguf_cache(Path(source.location), None, load)
+    return load(source.location)
 
 
 # --------------------------------------------------------------------------------------- drafts

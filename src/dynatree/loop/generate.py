@@ -143,8 +143,7 @@ def generate(
     vocab = vocab_size(target)
     # draft=None: speculate from the text itself (the suffix source)
     source_cls = source_for(draft) if policy.uses_draft else None
-    models = [target] + (source_cls.models(draft) if source_cls is not None else [])
-    depth = max(policy.max_depth(), source_cls.max_depth(draft) if source_cls is not None else 0)
+    models, depth = _positioned(policy, target, draft, source_cls)
     streaming = None
     if options.kv_window is not None:
         streaming = StreamingConfig(options.kv_window, options.kv_sinks)
@@ -355,6 +354,31 @@ def max_positions(model: torch.nn.Module) -> int | None:
     return None
 
 
+def check_positions(prompt_tokens: int, max_new_tokens: int, policy: DraftPolicy, target: torch.nn.Module,
+                    draft: torch.nn.Module | None, truncate_prompt: bool = False) -> None:
+    """Raise the one-line error :func:`generate` would raise for a run whose positions do not fit
+    the models (without KV eviction), before anything is spent on it: the CLI calls this before it
+    prints the prompt and before it compiles every graph for the run, whose cache is sized by
+    ``max_new_tokens`` (10**9 of them would be an allocation of gigabytes, not an error)."""
+    policy.limit_depth(max_new_tokens)
+    models, depth = run_positions(policy, target, draft)
+    _fit_positions([0] * prompt_tokens, max_new_tokens, depth, models, truncate_prompt)
+
+
+def run_positions(policy: DraftPolicy, target: torch.nn.Module, draft: Any) -> tuple[list[torch.nn.Module], int]:
+    """The models whose positions a run of ``policy`` (its depth already limited to the run's new
+    tokens) fills, and the deepest tree it can grow: the policy's, or the draft source's own (the
+    text source of ``draft=None`` grows its own). What :func:`generate` checks positions against."""
+    return _positioned(policy, target, draft, source_for(draft) if policy.uses_draft else None)
+
+
+def _positioned(policy: DraftPolicy, target: torch.nn.Module, draft: Any,
+                source_cls: type[DraftSource] | None) -> tuple[list[torch.nn.Module], int]:
+    models = [target] + (source_cls.models(draft) if source_cls is not None else [])
+    depth = max(policy.max_depth(), source_cls.max_depth(draft) if source_cls is not None else 0)
+    return models, depth
+
+
 def _fit_positions(
     prompt: list[int], max_new_tokens: int, depth: int, models: list[torch.nn.Module], truncate: bool
 ) -> list[int]:
@@ -370,8 +394,13 @@ def _fit_positions(
         if truncate and need_extra < limit:
             prompt = prompt[len(prompt) - (limit - need_extra) :]
             continue
-        hint = "" if truncate else ("; pass truncate_prompt=True (--truncate-prompt) to keep the last tokens of the "
-                                    "prompt, or kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
+        if need_extra >= limit:  # truncating the prompt cannot help: fewer new tokens (or eviction) can
+            most = limit - depth - (1 if truncate else len(prompt))
+            fixes = [f"max_new_tokens (--max-new-tokens) can be at most {most} here"] if most > 0 else []
+            hint = "; " + ", or ".join([*fixes, "pass kv_window=N (--kv-window) for StreamingLLM-style KV eviction"])
+        else:
+            hint = "" if truncate else ("; pass truncate_prompt=True (--truncate-prompt) to keep the last tokens of "
+                                        "the prompt, or kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
         raise DynaTreeError(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + tree depth ({depth}) = {need} "
             f"positions exceeds {type(model).__name__}'s maximum of {limit} by {need - limit}{hint}"

@@ -7,6 +7,7 @@ import torch
 from dynatree.drafts.model import draft_rows
 from dynatree.drafts.registry import source_for
 from dynatree.errors import DynaTreeError
+from dynatree.loop.generate import max_positions
 from dynatree.options import EngineOptions
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_model, cached_target, eval_mode, resolve
@@ -37,12 +38,16 @@ def precompile(
     options = resolve(options, target)
     vocab = vocab_size(target)
     cache = options.cache_options(next(target.parameters()).device.type)
+    source = source_for(draft) if draft is not None else None
+    drafts = source.models(draft) if source is not None else []
+    # No run goes past the models' positions (generate refuses it): a larger max_rows would only
+    # allocate cache rows that are never used -- gigabytes for max_new_tokens=10**9.
+    max_rows = min([max_rows, *(n for n in map(max_positions, [target, *drafts]) if n is not None)])
     with torch.inference_mode(), eval_mode([m for m in (target, draft) if m is not None]):
         kvs = [cached_target(target, vocab, options, max_rows)]
-        if draft is not None:
-            source = source_for(draft)
+        if source is not None:
             engine = source.draft_engine(options)
-            kvs += [cached_model(m, vocab, engine, draft_rows(max_rows), cache) for m in source.models(draft)]
+            kvs += [cached_model(m, vocab, engine, draft_rows(max_rows), cache) for m in drafts]
         for kv in kvs:
             if kv.engine == "static":
                 kv.precompile()
