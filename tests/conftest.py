@@ -16,6 +16,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # says; tests/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
 os.environ["DYNATREE_COST_MODEL"] = "off"
 
+# The back-off to plain decoding (dynatree.loop.backoff) decides from the clock: off for the suite,
+# so that no test's rounds depend on timing; tests/test_backoff.py passes its own controllers.
+os.environ["DYNATREE_BACKOFF"] = "off"
+
 import pytest  # noqa: E402
 
 

@@ -94,6 +94,10 @@ class DraftSource(ABC):
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
         """The target committed ``tree``'s ``accepted`` nodes (path order) and then ``bonus``."""
 
+    def finish(self) -> None:
+        """The generation ended (its tokens are all committed): a source that learns across
+        requests (the text source's cross-request cache) takes them in here."""
+
     # ------------------------------------------------- level calls, for sources with a model
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
         """Start a round; returns the draft's logits for the root's children ``[V]``."""

@@ -94,6 +94,9 @@ class SuffixDraft(DraftSource):
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
         self.text.commit(committed_tokens(tree, list(accepted), bonus))
 
+    def finish(self) -> None:
+        self.text.finish()  # into the cross-request cache, when there is one
+
 
 class HybridDraft(DraftSource):
     """A draft model and the text in one tree (see the module docstring)."""
@@ -143,6 +146,10 @@ class HybridDraft(DraftSource):
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
         self.text.commit(committed_tokens(tree, list(accepted), bonus))
         self.model.commit(tree, accepted, bonus, features)
+
+    def finish(self) -> None:
+        self.text.finish()
+        self.model.finish()
 
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
         return self.model.begin_round(builder)

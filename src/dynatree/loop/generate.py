@@ -21,6 +21,8 @@ from dynatree.runtime import distributed
 from dynatree.core.draft_source import DraftSource, SourceContext
 from dynatree.core.kv import KVModel
 from dynatree.core.clock import sync_clock
+from dynatree.loop import backoff as backoff_module
+from dynatree.loop.backoff import Backoff
 from dynatree.drafts.registry import source_for
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
@@ -64,6 +66,7 @@ def generate(
     on_round: Callable[[RoundEvent], None] | None = None,
     trace: str | PathLike | None = None,
     options: EngineOptions | None = None,
+    backoff: bool | Backoff | None = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
@@ -123,6 +126,12 @@ def generate(
         options: the engine settings above (``engine`` to ``cpu_linear``) as one
             :class:`~dynatree.options.EngineOptions`; keywords then left at their defaults defer to
             it, and one that contradicts it is refused.
+        backoff: decode plain (one target step, no drafting) while speculative rounds commit
+            tokens more slowly than plain steps do, probing again later
+            (:class:`~dynatree.loop.backoff.Backoff`; a ``Backoff`` instance sets its thresholds;
+            None: on, see ``dynatree.loop.backoff.ENABLED``).
+            Greedy runs only: the output is the same either way; a sampled run's random draws
+            would depend on timing. Off under tensor parallelism (ranks must build equal trees).
         **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
     """
     options = EngineOptions.merge(options, engine=engine, compile=compile, buckets=buckets, cpu_linear=cpu_linear,
@@ -187,8 +196,13 @@ def generate(
 
             recorder = TraceRecorder(tokenizer, on_round)
             on_round = recorder
+        pacer = None
+        if backoff is None:
+            backoff = backoff_module.ENABLED
+        if backoff is not False and source is not None and sampling.greedy and sync is None:
+            pacer = backoff if isinstance(backoff, Backoff) else Backoff()
         result = _decode(target_kv, source, prompt, policy, max_new_tokens, stop, vocab, sampling, rng,
-                         options.tree_order, stop_text, lazy_head, sync, on_round)
+                         options.tree_order, stop_text, lazy_head, sync, on_round, pacer)
     if recorder is not None:
         recorder.write(trace, result, policy)
     return result
@@ -209,6 +223,7 @@ def _decode(
     lazy_head: bool = False,
     sync: "distributed.RankSync | None" = None,
     on_round: Callable[[RoundEvent], None] | None = None,
+    backoff: Backoff | None = None,
 ) -> GenerationResult:
     clock = sync_clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
@@ -228,9 +243,10 @@ def _decode(
     while len(out) < max_new_tokens:
         t0 = clock()
         # 1. Draft: the source grows a tree under the root (a model source: the policy decides
-        #    the shape, one draft call per level).
+        #    the shape, one draft call per level), unless the back-off says a plain step pays more.
         builder = TreeBuilder(root)
-        if source is not None:
+        drafting = source is not None and (backoff is None or backoff.should_draft())
+        if drafting:
             source.draft(builder, policy)
         tree = builder.freeze()
         t1 = clock()
@@ -270,20 +286,25 @@ def _decode(
                 accepted=accepted,
                 drafted=tree.num_drafted,
                 depth=tree.max_depth,
-                draft_calls=source.calls if source is not None else 0,
+                draft_calls=source.calls if drafting else 0,
                 t_draft=t1 - t0,
                 t_verify=t2 - t1,
                 t_commit=t3 - t2,
                 policy_state=policy.state(),
             )
         )
-        policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path),
-                                     overhead_ms=1e3 * (t1 - t0 + t3 - t2)))
+        if drafting or source is None:  # (a plain step taught the policy nothing)
+            policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path),
+                                         overhead_ms=1e3 * (t1 - t0 + t3 - t2)))
+        if backoff is not None:
+            backoff.observe(drafting, len(new), t3 - t0)
         if on_round is not None:
             on_round(RoundEvent(new, tree, path, bonus, stats.rounds[-1]))
         if new[-1] in stop or hit:
             break
 
+    if source is not None:
+        source.finish()
     stats.new_tokens = len(out)
     stats.t_total = clock() - start
     sequences = torch.tensor([prompt + out], dtype=torch.long)
