@@ -209,7 +209,7 @@ def test_unsupported_arguments_are_refused(kwargs: dict, message: str) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_batches_padding_and_missing_draft_are_refused() -> None:
+def test_batches_and_padding_are_refused() -> None:
     target, draft = pair()
     hf = dynatree.integrations.hf.generate
     with pytest.raises(DynaTreeError, match="batch size 2"):
@@ -218,9 +218,22 @@ def test_batches_padding_and_missing_draft_are_refused() -> None:
     with pytest.raises(DynaTreeError, match="padded attention_mask"):
         target.generate(prompt(4), attention_mask=torch.tensor([[0, 1, 1, 1]]), assistant_model=draft,
                         custom_generate=hf, max_new_tokens=5, pad_token_id=0)
-    with pytest.raises(DynaTreeError, match="needs a draft model: pass assistant_model"):
-        target.generate(prompt(4), custom_generate=hf, max_new_tokens=5, pad_token_id=0)
     # autoregressive needs no draft and still equals HF
     out = target.generate(prompt(4), custom_generate=hf, strategy="autoregressive", max_new_tokens=8,
                           eos_token_id=None, pad_token_id=0)
     assert torch.equal(out, hf_reference(target, prompt(4), 8, eos_token_id=None))
+
+
+@pytest.mark.parametrize("route", ["callable", "folder"])
+def test_no_assistant_model_drafts_from_the_text_and_equals_hf_greedy(route: str) -> None:
+    """One keyword, no second model: HF users get speculation from the text itself."""
+    from test_suffix_source import repetitive_prompt
+
+    target = tiny_model("llama", seed=1)  # its greedy output from a repeating prompt loops
+    ids = repetitive_prompt(target.config.vocab_size, seed=2)[None]
+    ref = hf_reference(target, ids, 60, eos_token_id=None)
+    extra = {"custom_generate": dynatree.integrations.hf.generate} if route == "callable" else \
+        {"custom_generate": str(REPO), "trust_remote_code": True}
+    out = target.generate(ids, max_new_tokens=60, eos_token_id=None, pad_token_id=0, **extra)
+    assert torch.equal(out, ref)
+    assert out.stats.strategy == "dynatree" and out.stats.num_rounds < 60  # the text drafted

@@ -107,3 +107,9 @@ PROMPT_SETS: dict[str, PromptSetInfo] = {
 
 # ------------------------------------------------------------------------------------ sampling
 DRAFT_TEMPERATURE = 0.6  # DySpec's draft temperature for every target temperature (DySpec §6)
+
+#: ``dynatree generate`` and ``dynatree chat``: whether the text itself (prompt and answer so far)
+#: drafts beside the draft model by default (``--text/--no-text``). See the README's table by workload.
+TEXT_DEFAULT = False
+#: ``dynatree chat``: tokens of earlier replies the text source keeps across turns.
+CHAT_CACHE_TOKENS = 65536

@@ -14,7 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from dynatree.cli.common import TP_HELP, check_utf8, engine_flags, friendly_errors, set_threads
-from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_TEMPERATURE, PRESETS, PROMPT_SETS
+from dynatree.catalog import (CHAT_CACHE_TOKENS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_TEMPERATURE, PRESETS, PROMPT_SETS,
+                              TEXT_DEFAULT)
 from dynatree.training.config import DistillConfig
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, parse_options
@@ -32,16 +33,32 @@ def _root() -> None:
 
 
 def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str,
-              allow_vocab_mismatch: bool = False) -> tuple[Any, Any, Any]:
-    """Target, draft (None when the strategy drafts nothing; "default" = the shipped draft) and tokenizer."""
+              allow_vocab_mismatch: bool = False, text: bool = False, cache: Any = None) -> tuple[Any, Any, Any]:
+    """Target, draft and tokenizer. The draft is what ``generate`` takes: None when the strategy
+    drafts nothing or ``draft`` is "none" (the text itself drafts), the model ("default" = the
+    shipped draft), or with ``text`` both in one tree (a ``TextDraft`` wrapping the model);
+    ``cache``: a cross-request ``SuffixCache`` for the text source."""
     from dynatree.loading import models
 
     tmodel, tok = models.load_model(target, dtype=dtype, device=device)
-    dmodel = None
-    if uses_draft:
-        dmodel = models.resolve_draft(DEFAULT_DRAFT if draft == "default" else draft, tmodel, dtype=dtype,
-                                      device=device, tokenizer=tok, allow_vocab_mismatch=allow_vocab_mismatch)
+    if not uses_draft:
+        return tmodel, None, tok
+    if draft == "none":
+        from dynatree.drafts.suffix import TextDraft
+
+        return tmodel, (TextDraft(cache=cache) if cache is not None else None), tok
+    dmodel = models.resolve_draft(DEFAULT_DRAFT if draft == "default" else draft, tmodel, dtype=dtype,
+                                  device=device, tokenizer=tok, allow_vocab_mismatch=allow_vocab_mismatch)
+    if text:
+        from dynatree.drafts.suffix import TextDraft
+
+        dmodel = TextDraft(model=dmodel, cache=cache)
     return tmodel, dmodel, tok
+
+
+DRAFT_HELP = (f"Draft model: 'default' ({DEFAULT_DRAFT}), a preset, an HF id, a local path, early-exit:K, or "
+              "'none' (no model: draft from the prompt and the text written so far).")
+TEXT_HELP = "Also draft from the text itself (prompt and answer so far): one tree from both the model and the text."
 
 
 @app.command()
@@ -51,7 +68,8 @@ def generate(
     options: EngineOptions,
     prompt: Annotated[str, typer.Option(help="Prompt text.")] = DEFAULT_PROMPT,
     target: Annotated[str, typer.Option(help="Target model: a preset (`dynatree list` shows them), an HF id or a local path.")] = DEFAULT_TARGET,
-    draft: Annotated[str, typer.Option(help=f"Draft model: 'default' ({DEFAULT_DRAFT}), a preset, an HF id, a local path, or early-exit:K.")] = "default",
+    draft: Annotated[str, typer.Option(help=DRAFT_HELP)] = "default",
+    text: Annotated[bool, typer.Option("--text/--no-text", help=TEXT_HELP)] = TEXT_DEFAULT,
     strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable), e.g. -o k=5.")] = None,
@@ -95,7 +113,8 @@ def generate(
         device = str(tmodel.device)
     else:
         check_device(device, torch_dtype, compile=bool(options.compile))  # before loading anything
-        tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device, allow_vocab_mismatch)
+        tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device, allow_vocab_mismatch,
+                                        text=text)
     from dynatree.integrations.chat import EchoStreamer, chat_eos, chat_prompt
     from dynatree.runtime.distributed import rank
 
@@ -158,7 +177,8 @@ def generate(
 def chat_command(
     options: EngineOptions,
     target: Annotated[str, typer.Option(help="Target model (an instruct model with a chat template).")] = "smollm2-135m",
-    draft: Annotated[str, typer.Option(help="Draft model: preset, HF id, local path, or early-exit:K.")] = "default",
+    draft: Annotated[str, typer.Option(help=DRAFT_HELP)] = "default",
+    text: Annotated[bool, typer.Option("--text/--no-text", help=TEXT_HELP + " Earlier turns are indexed too.")] = TEXT_DEFAULT,
     strategy: Annotated[str, typer.Option(help="autoregressive | linear | fixed | dynatree | dyspec | dyspec-threshold")] = "dynatree",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 256,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option name=value (repeatable).")] = None,
@@ -182,7 +202,10 @@ def chat_command(
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))
     torch_dtype = models.parse_dtype(dtype)
-    tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device)
+    from dynatree.drafts.suffix_index import SuffixCache
+
+    cache = SuffixCache(CHAT_CACHE_TOKENS)  # the conversation's replies (and /reset ones) for the text source
+    tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device, text=text, cache=cache)
     if not getattr(tok, "chat_template", None):
         raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,

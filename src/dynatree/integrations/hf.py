@@ -101,7 +101,9 @@ def generate(
 ) -> torch.LongTensor | DynaTreeGenerateOutput:
     """``model.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, ...)``.
 
-    Takes the usual ``generate`` arguments (and a ``generation_config``) with HF's precedence, plus:
+    Without ``assistant_model`` the tree is drafted from the text itself (the prompt and what has
+    been generated so far): a speedup with no second model. Takes the usual ``generate``
+    arguments (and a ``generation_config``) with HF's precedence, plus:
 
     Args:
         strategy: ``"dynatree"`` (default), ``"linear"``, ``"fixed"``, ``"dyspec"``,
@@ -183,8 +185,7 @@ def _run(
 ) -> torch.LongTensor | DynaTreeGenerateOutput:
     """The prepared call: refuse what the engine cannot reproduce, run it, shape the result as HF."""
     _refuse_unsupported(model, input_ids, config, processors, criteria, model_kwargs)
-    if draft is None and strategy != "autoregressive":
-        raise DynaTreeError(f"strategy {strategy!r} needs a draft model: pass assistant_model=draft to generate()")
+    # No assistant_model: the engine drafts from the text itself (prompt and output so far).
     if stop_strings and tokenizer is None:
         raise DynaTreeError("stop_strings need a tokenizer, and transformers does not pass tokenizer= on to a "
                             "custom_generate callable: pass a TextStreamer (its tokenizer is used) or use the "
