@@ -184,3 +184,15 @@ def test_the_cli_reads_its_names_and_defaults_from_the_catalog() -> None:
     params = {p.name: p for p in typer.main.get_command(app).commands["generate"].params}
     assert params["draft_temperature"].default == SamplingConfig().draft_temperature
     assert params["target"].default in PRESETS
+
+
+def test_the_public_names_load_and_are_the_library_s_own() -> None:
+    """What the docs call public (policy objects of one's own, the text source) is importable
+    from the package itself, and every name in ``__all__`` resolves."""
+    import dynatree
+    from dynatree.core.tree import TreeBuilder
+    from dynatree.policies import DraftPolicy
+
+    assert dynatree.DraftPolicy is DraftPolicy and dynatree.TreeBuilder is TreeBuilder
+    for name in dynatree.__all__:
+        assert getattr(dynatree, name) is not None, name

@@ -17,20 +17,37 @@ if TYPE_CHECKING:
     from dynatree.options import EngineOptions
     from dynatree.policies import STRATEGIES, make_policy
     from dynatree.core.stats import GenerationResult, GenerationStats, RoundStats
+    from dynatree.core.sampling import SamplingConfig
+    from dynatree.core.tree import TokenTree, TreeBuilder
+    from dynatree.drafts.suffix import TextDraft
+    from dynatree.drafts.suffix_index import SuffixCache
+    from dynatree.loop.backoff import Backoff
+    from dynatree.policies import DraftPolicy
 
 _LAZY = {
     "generate": "dynatree.loop.generate", "precompile": "dynatree.loop.precompile", "EngineOptions": "dynatree.options",
     "STRATEGIES": "dynatree.policies", "make_policy": "dynatree.policies", "GenerationResult": "dynatree.core.stats",
     "GenerationStats": "dynatree.core.stats", "RoundStats": "dynatree.core.stats",
+    # for policies of one's own ("or a policy object") and for drafting from the text
+    "DraftPolicy": "dynatree.policies", "TreeBuilder": "dynatree.core.tree", "TokenTree": "dynatree.core.tree",
+    "SamplingConfig": "dynatree.core.sampling", "TextDraft": "dynatree.drafts.suffix",
+    "SuffixCache": "dynatree.drafts.suffix_index", "Backoff": "dynatree.loop.backoff",
 }
 
 __all__ = [
     "STRATEGIES",
+    "Backoff",
+    "DraftPolicy",
     "DynaTreeError",
     "EngineOptions",
     "GenerationResult",
     "GenerationStats",
     "RoundStats",
+    "SamplingConfig",
+    "SuffixCache",
+    "TextDraft",
+    "TokenTree",
+    "TreeBuilder",
     "generate",
     "make_policy",
     "precompile",

@@ -116,7 +116,8 @@ class GenerationStats:
 
 @dataclass
 class GenerationResult:
-    """Like HF ``generate``'s output: ``sequences`` is ``[1, prompt + new]``; plus ``stats``."""
+    """Like HF ``generate``'s output: ``sequences`` is ``[1, prompt + new]``, on the device of the
+    ``input_ids`` tensor given (the CPU for a list); plus ``stats``."""
 
     sequences: torch.Tensor
     stats: GenerationStats

@@ -11,6 +11,8 @@ child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run r
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable, Sequence
 from os import PathLike
 from typing import Any
@@ -205,6 +207,9 @@ def generate(
                          options.tree_order, stop_text, lazy_head, sync, on_round, pacer)
     if recorder is not None:
         recorder.write(trace, result, policy)
+    device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
+    if device is not None and result.sequences.device != device:  # back where the prompt came from
+        result = dataclasses.replace(result, sequences=result.sequences.to(device))
     return result
 
 
