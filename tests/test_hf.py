@@ -237,3 +237,14 @@ def test_no_assistant_model_drafts_from_the_text_and_equals_hf_greedy(route: str
     out = target.generate(ids, max_new_tokens=60, eos_token_id=None, pad_token_id=0, **extra)
     assert torch.equal(out, ref)
     assert out.stats.strategy == "dynatree" and out.stats.num_rounds < 60  # the text drafted
+
+
+def test_an_unrecognised_hf_call_is_one_line_not_a_silent_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a transformers release calls the callable from somewhere we do not find, the draft and
+    streamer HF dropped cannot be recovered: one line says so, instead of running without them."""
+    target, draft = pair()
+    monkeypatch.setattr(dynatree.integrations.hf, "_calling_generate", lambda model: None)
+    with pytest.raises(DynaTreeError, match="does not recognise") as err:
+        target.generate(prompt(4), assistant_model=draft, custom_generate=dynatree.integrations.hf.generate,
+                        max_new_tokens=5, pad_token_id=0)
+    assert "\n" not in str(err.value)

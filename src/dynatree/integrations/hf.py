@@ -130,6 +130,18 @@ def generate(
         return _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs,
                     assistant_model, streamer, tokenizer, stop_strings, **ours)
 
+    if isinstance(logits_processor, lp.LogitsProcessorList) and isinstance(generation_config, GenerationConfig):
+        # HF prepared this call (its callable path) but its frame was not where we look: a
+        # transformers release that calls custom_generate differently. Running on would silently
+        # lose assistant_model and streamer; say so in one line instead.
+        import transformers
+
+        raise DynaTreeError(
+            f"transformers {transformers.__version__} called custom_generate in a way dynatree does not recognise "
+            "(its generate frame was not found), so assistant_model and streamer cannot be recovered; use the "
+            "custom_generate/ folder (custom_generate=\"<dynatree checkout>\", trust_remote_code=True) or "
+            "dynatree.generate directly")
+
     # Raw generate() arguments (the custom_generate/ folder, or a direct call): let HF prepare them,
     # with a closure that keeps what its callable path would drop.
     if isinstance(stop_strings, str):
