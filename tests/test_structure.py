@@ -68,7 +68,7 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 #: The decoding loop (``loop``) thus sees neither model loading, training, text corpora, the
 #: integrations nor the command line.
 LAYERS = [
-    ("surface", ["dynatree.errors", "dynatree.catalog", "dynatree.options"]),
+    ("surface", ["dynatree.errors", "dynatree.catalog", "dynatree.options", "dynatree.tuning"]),
     ("core", ["dynatree.core"]),
     ("runtime", ["dynatree.runtime"]),
     ("policies", ["dynatree.policies"]),
@@ -158,7 +158,7 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     assert cycle(module_imports(pkg)) == ["pkg.a", "pkg.sub", "pkg.a"]
 
 
-@pytest.mark.parametrize("module", ["dynatree.cli", "dynatree", "dynatree.options", "dynatree.catalog"])
+@pytest.mark.parametrize("module", ["dynatree.cli", "dynatree", "dynatree.options", "dynatree.catalog", "dynatree.tuning"])
 def test_the_cli_loads_without_torch_or_transformers(module: str) -> None:
     code = (f"import sys, {module}; heavy = [m for m in ('torch', 'transformers') if m in sys.modules]; "
             "print(','.join(heavy))")

@@ -34,6 +34,7 @@ import torch
 from dynatree.core.kv import KVModel
 from dynatree.core.sampling import SamplingConfig, draw, target_probs, uniform, without
 from dynatree.core.tree import TokenTree, ancestor_matrix, children_lists, dfs_order, position_ids
+from dynatree.tuning import LAZY_HEAD_BATCH_ROWS
 
 
 class LazyLogits:
@@ -47,10 +48,9 @@ class LazyLogits:
     """
 
     # A tree of at most this many rows gets the head of all its rows in ONE call on the first read:
-    # with the few-row linear layout (kernels/cpu_linear.py) 2-4 rows cost what one row costs, and
     # the greedy walk reads L rows (L = committed tokens, about 1.4 for the CPU's small trees), so
-    # one batched call replaces L memory-bound passes over the head's weights.
-    BATCH_ROWS = 4
+    # one batched call replaces L memory-bound passes over the head's weights (dynatree.tuning).
+    BATCH_ROWS = LAZY_HEAD_BATCH_ROWS
 
     def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
                  eager: bool = False) -> None:

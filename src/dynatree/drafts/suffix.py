@@ -27,6 +27,7 @@ from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
 from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixSource
+from dynatree import tuning
 from dynatree.errors import check
 
 if TYPE_CHECKING:
@@ -46,11 +47,11 @@ class TextDraft:
     """
 
     model: torch.nn.Module | None = None
-    budget: int = 16
-    min_prob: float = 0.1
-    alpha: float = 8.0
-    max_spec: int = 32
-    confident: float = 2.0
+    budget: int = tuning.TEXT_BUDGET
+    min_prob: float = tuning.TEXT_MIN_PROB
+    alpha: float = tuning.TEXT_ALPHA
+    max_spec: int = tuning.TEXT_MAX_SPEC
+    confident: float = tuning.TEXT_CONFIDENT
     cache: SuffixCache | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

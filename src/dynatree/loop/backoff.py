@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from dynatree import tuning
 from dynatree.errors import check
 
 #: What ``generate(backoff=None)`` does: on, unless ``DYNATREE_BACKOFF=off``. (The test suite sets
@@ -37,11 +38,11 @@ ENABLED = os.environ.get("DYNATREE_BACKOFF", "on").lower() not in ("off", "0", "
 class Backoff:
     """Decides per round whether to draft; :meth:`observe` feeds it each round's outcome."""
 
-    margin: float = 0.97
-    probe_plain: int = 2
-    min_rounds: int = 4
-    first_pause: int = 8
-    max_pause: int = 64  # a pause queues its tokens for the draft model: one call of at most ~64 rows
+    margin: float = tuning.BACKOFF_MARGIN
+    probe_plain: int = tuning.BACKOFF_PROBE_PLAIN
+    min_rounds: int = tuning.BACKOFF_MIN_ROUNDS
+    first_pause: int = tuning.BACKOFF_FIRST_PAUSE
+    max_pause: int = tuning.BACKOFF_MAX_PAUSE  # a pause's tokens reach the draft model in one call
     ema: float = 0.3
     spec_rate: float | None = field(default=None, init=False)
     plain_rate: float | None = field(default=None, init=False)

@@ -84,14 +84,8 @@ class DynaTreeConfig:
 
 
 # Node budget when max_nodes is None and no cost profile is available (profiling is opt-in with
-# DYNATREE_COST_MODEL=on; never under StreamingLLM eviction). On a CPU a verify of root + 3 nodes (4 rows) costs about one
-# autoregressive step with the few-row linear layout (kernels/cpu_linear.py) but 5+ rows cost
-# ~1.5x (BLAS switches kernels above 4 rows), so the CPU budget is 3: 1.04x over compiled AR vs
-# 0.85x with 4 nodes, same run (benchmarks/cpu/engines.jsonl). On an H200 (benchmarks/gpu/h200)
-# a compiled verify of a Pythia-2.8B-shaped target costs 1.24x one step at 32 rows and 1.45x at
-# 64, and eager calls cost ~13 ms at any size (launch-bound), so wide trees are cheap there; 64
-# is not swept yet.
-DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}
+# DYNATREE_COST_MODEL=on; never under StreamingLLM eviction): measured per device, see dynatree.tuning.
+from dynatree.tuning import DEFAULT_MAX_NODES  # noqa: E402
 
 
 class DynaTree(DraftPolicy):

@@ -22,6 +22,7 @@ from dynatree.runtime.devices import check_compiler
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
 from dynatree.runtime.window import AttentionLayout, attention_layout, layer_masks
+from dynatree.tuning import PREFILL_CHUNK
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
@@ -263,7 +264,7 @@ class StaticCachedModel(CachedModel):
     def length(self) -> int:
         return self._length
 
-    PREFILL_CHUNK = 256
+    PREFILL_CHUNK = PREFILL_CHUNK  # (dynatree.tuning)
 
     def prefill(self, tokens: Sequence[int], hidden: bool = False) -> torch.Tensor | None:
         """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens. Chunks larger than the

@@ -22,13 +22,7 @@ from dynatree.runtime.cache import CachedModel, StaticCachedModel
 from dynatree.errors import DynaTreeError
 from dynatree.options import CacheOptions, EngineOptions
 
-# "auto" leaves models smaller than this on the eager hf engine: the static engine's fixed shapes
-# and compiled graphs save a roughly fixed overhead per layer call that only a real model's steps
-# make worth its set-up (and the test suite's tiny random models keep the plain path).
-AUTO_MIN_PARAMS = 20_000_000
-# A CPU's trees stay small (the cost model rarely picks more than a few nodes): buckets up to 32
-# rows cover every tree the CPU cost profile can choose and halve the graphs to compile.
-CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
+from dynatree.tuning import AUTO_MIN_PARAMS, CPU_AUTO_BUCKETS, CPU_LINEAR_MIN_THREADS  # (why: there)
 
 
 def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
@@ -84,8 +78,6 @@ def _can_compile(device: str) -> bool:
     return True
 
 
-#: torch threads from which ``cpu_linear=None`` turns the few-row layout on (see resolve_cpu_linear).
-CPU_LINEAR_MIN_THREADS = 2
 
 
 def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:

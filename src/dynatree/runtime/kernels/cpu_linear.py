@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-MAX_ROWS = 64  # 64 rows: still faster than F.linear here; prefill chunks of 128+ are not
+from dynatree.tuning import CPU_LINEAR_MAX_ROWS as MAX_ROWS  # 64 (measured: dynatree.tuning)
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

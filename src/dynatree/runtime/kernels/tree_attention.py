@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from dynatree.tuning import TREE_ATTENTION_BLOCK
+
 try:  # Triton is optional: CPU users and CI without it still have SDPA.
     import triton
     import triton.language as tl
@@ -25,7 +27,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
     tl = None
 
-BLOCK = 32
+BLOCK = TREE_ATTENTION_BLOCK
 
 
 def block_map(mask: torch.Tensor, block: int = BLOCK) -> torch.Tensor:

@@ -1,0 +1,68 @@
+"""Every number the library tuned to hardware or to measurements, in one place, with where it
+was measured. The modules that use them import them from here (and keep the names, so a test can
+still patch ``dynatree.runtime.engines.CPU_LINEAR_MIN_THREADS`` and the like).
+
+Machines named below: "the 2-core EPYC" is the project's CI machine (2-core AMD EPYC VM, torch
+2.x with MKL, float32); "the H200" is one NVIDIA H200, torch 2.11 + CUDA 13, float16
+(``benchmarks/gpu/h200``). A number measured on one machine is a default, not a law: each has a
+keyword or an option that overrides it. No torch here: the CLI's ``--help`` reads this module.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- tree budgets
+#: DynaTree's drafted-node budget when ``max_nodes`` is None and no cost profile is measured.
+#: CPU: on the 2-core EPYC a verify of root + 3 nodes (4 rows) costs about one autoregressive
+#: step with the few-row linear layout, 5+ rows cost ~1.5x (BLAS switches kernels above 4 rows):
+#: 1.04x over compiled AR with 3 nodes against 0.85x with 4, same run
+#: (``benchmarks/cpu/engines.jsonl``). CUDA: on the H200 a compiled verify of a
+#: Pythia-2.8B-shaped target costs 1.24x one step at 32 rows and 1.45x at 64; 64 is not swept.
+DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}
+
+# --------------------------------------------------------------------------- engines
+#: ``engine="auto"`` keeps models smaller than this on the eager hf engine: the static engine's
+#: fixed shapes and compiled graphs save a roughly fixed overhead per layer call that only a real
+#: model's steps make worth their set-up (the suite's tiny random models keep the plain path).
+AUTO_MIN_PARAMS = 20_000_000
+#: Static-engine buckets on a CPU: its trees stay small (the cost model rarely picks more than a
+#: few nodes), so buckets up to 32 rows cover them and halve the graphs to compile.
+CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
+#: torch threads from which ``cpu_linear=None`` turns the few-row layout on: measured faster with
+#: 2 threads on the 2-core EPYC, slower with 1 (``benchmarks/cpu/linear_layout.py``).
+CPU_LINEAR_MIN_THREADS = 2
+#: Most rows a call may have to take the few-row layout: 64 rows were still faster than
+#: ``F.linear`` on the 2-core EPYC; prefill chunks of 128+ were not.
+CPU_LINEAR_MAX_ROWS = 64
+#: A static-engine prefill runs in chunks of at most this many tokens (larger than the largest
+#: bucket: those chunks run uncompiled, unpadded, instead of one compiled trace per prompt length).
+PREFILL_CHUNK = 256
+#: A tree of at most this many rows gets the LM head of all its rows in one call on the lazy
+#: head's first read: with the few-row layout 2-4 rows cost what one row costs on the 2-core EPYC.
+LAZY_HEAD_BATCH_ROWS = 4
+#: Query/key block of the Triton tree-attention kernel. (On the H200 the kernel is slower than SDPA
+#: at every tree size measured, 16 to 768 nodes: it stays opt-in.)
+TREE_ATTENTION_BLOCK = 32
+
+# --------------------------------------------------------------------------- drafting from the text
+#: The text source's defaults (``TextDraft``): most nodes per round, the proposal's probability
+#: floor, and its depth cap ``min(MAX_SPEC, ceil(ALPHA * match length))`` (SuffixDecoding's
+#: ``max_spec = alpha * match_len``); with a draft model, the expected accepted length from which
+#: the model sits the round out. The grid of ``benchmarks/suffix/acceptance.py`` chose alpha = 8
+#: (alpha = 1, ArcticInference's default, committed 12-28% less; 16 was within 2.5%) and the floor
+#: (0 gains 2-5% but grows trees no CPU verify can afford); 16 nodes fit the CPU's verify of a text
+#: proposal, whose nodes are chains more than fans.
+TEXT_BUDGET = 16
+TEXT_MIN_PROB = 0.1
+TEXT_ALPHA = 8.0
+TEXT_MAX_SPEC = 32
+TEXT_CONFIDENT = 2.0
+
+# --------------------------------------------------------------------------- the back-off
+#: ``Backoff``: speculate while its measured rate is at least this share of plain decoding's; the
+#: plain rounds measured early; speculative rounds per verdict; the first pause, doubled after every
+#: losing probe up to the last (a pause's tokens reach the draft model in one call after it).
+BACKOFF_MARGIN = 0.97
+BACKOFF_PROBE_PLAIN = 2
+BACKOFF_MIN_ROUNDS = 4
+BACKOFF_FIRST_PAUSE = 8
+BACKOFF_MAX_PAUSE = 64
