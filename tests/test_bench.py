@@ -512,3 +512,38 @@ def test_hf_assisted_runs_a_distilled_draft_through_its_hf_export(tmp_path: Path
     assert out.mismatches == [] and out.rows[1]["stats"]["rounds"] <= T
     with pytest.raises(DynaTreeError, match="hf-assisted needs a HuggingFace model"):
         hf_assistant(torch.nn.Linear(2, 2))
+
+
+def test_resume_reuses_rows_only_from_the_same_machine_versions_and_code(pair, prompts, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """A recorded command re-run after a code change (or on another machine, or with other
+    library versions) measures again; re-run unchanged, it resumes."""
+    from dynatree.bench import sysinfo
+
+    target, draft = pair
+    path = tmp_path / "r.jsonl"
+    specs = parse_strategies("linear:k=3")
+    with ResultsWriter(path) as w:
+        first = run_bench(target, draft, prompts, specs, settings(), writer=w, warmup=0, progress=False)
+    assert first.new_rows == 4 and all(r["code"] == sysinfo.code_version() for r in first.rows)
+    with ResultsWriter(path) as w:
+        again = run_bench(target, draft, prompts, specs, settings(), writer=w, warmup=0, progress=False)
+    assert again.new_rows == 0 and again.resumed_rows == 4
+    monkeypatch.setattr(runner_mod, "provenance", lambda: {**sysinfo.provenance(), "code": "0.1.0+gother"})
+    with ResultsWriter(path) as w:
+        changed = run_bench(target, draft, prompts, specs, settings(), writer=w, warmup=0, progress=False)
+    assert changed.new_rows == 4 and changed.group != first.group
+    assert {r["code"] for r in changed.rows} == {"0.1.0+gother"}
+
+
+def test_code_version_names_the_commit_in_a_checkout() -> None:
+    import re
+
+    from dynatree.bench.sysinfo import code_version
+
+    version = code_version()
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / ".git").exists():
+        assert re.fullmatch(r"\d+\.\d+\.\d+\+g[0-9a-f]{12}(\.dirty)?", version), version
+    else:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), version

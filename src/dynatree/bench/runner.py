@@ -48,7 +48,7 @@ from dynatree.options import EngineOptions
 from dynatree.policies import make_policy
 from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, HF_NAMES, HF_PROMPT_LOOKUP, StrategySpec
 from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
-from dynatree.bench.sysinfo import library_versions, machine_info, peak_memory_mb, reset_peak_memory
+from dynatree.bench.sysinfo import library_versions, machine_info, peak_memory_mb, provenance, reset_peak_memory
 
 RowCallback = Callable[[dict[str, Any]], None]
 # BenchSettings' fields that are engine options (kept flat: they are part of every row's key).
@@ -367,13 +367,14 @@ def run_bench(
         raise DynaTreeError("prompt ids must be unique")
 
     identity = settings.identity()
-    group = settings_group(identity)
+    keyed = {**identity, "provenance": provenance()}  # another machine, version or commit: measured anew
+    group = settings_group(keyed)
     session = session or uuid.uuid4().hex[:12]
     done = writer.done if writer is not None else {}
     device = next(target.parameters()).device
     machine, versions = machine_info(), library_versions()
     # The prompt's token hash is part of the key: if a prompt set changes, old rows are not reused.
-    plan = [(p, s, row_key(s.name, s.config, f"{p.id}#{p.sha}", identity)) for p in prompts for s in specs]
+    plan = [(p, s, row_key(s.name, s.config, f"{p.id}#{p.sha}", keyed)) for p in prompts for s in specs]
     todo = [item for item in plan if item[2] not in done]
 
     reference_spec = specs[0]  # the first autoregressive spec; further ones are extra baselines
@@ -413,6 +414,7 @@ def run_bench(
                     "reference": spec is reference_spec,
                     "prompt_id": prompt.id, "prompt_sha": prompt.sha, "prompt_tokens": len(prompt.ids),
                     "settings": identity, "warmup": warmup, "machine": machine, "versions": versions,
+                    "code": keyed["provenance"]["code"],
                     "stats": m.stats, "per_round": m.per_round, "output_ids": m.output_ids,
                     "peak_memory_mb": mem, "memory_kind": mem_kind,
                 }

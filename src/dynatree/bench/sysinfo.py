@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import subprocess
 import sys
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,6 +68,37 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return out
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """The package version, plus the git commit when it runs from a checkout (``0.1.0+g1a2b3c4d5e6f``,
+    ``.dirty`` appended with uncommitted changes to tracked files): a row measured by other code is
+    another measurement."""
+    import dynatree
+
+    version = dynatree.__version__
+    root = Path(dynatree.__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return version
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return version
+    return f"{version}+g{sha}{'.dirty' if dirty else ''}"
+
+
+def provenance() -> dict[str, Any]:
+    """What else decides a measurement besides its settings: the machine (CPU, cores, GPU), the
+    library versions and the code. Part of every row's resume key and run group, so re-running a
+    recorded command on another machine, after an upgrade or after a code change measures again
+    instead of reprinting old rows."""
+    machine = _static_machine()
+    return {"machine": {k: machine.get(k) for k in ("cpu", "cpu_count", "cpus_usable", "gpu", "gpu_count")},
+            "versions": library_versions(), "code": code_version()}
 
 
 def reset_peak_memory(device: torch.device | str) -> None:
