@@ -92,3 +92,17 @@ def test_precompile_refuses_the_hf_engine(pair) -> None:
         dynatree.precompile(*pair, 32, EngineOptions(engine="hf"))
     with pytest.raises(DynaTreeError, match="buckets=\\(1, 2\\) vs options.buckets=None"):
         dynatree.precompile(*pair, 32, EngineOptions(engine="static"), buckets=[2, 1])
+
+
+def test_a_strategy_string_carries_its_options() -> None:
+    """generate(..., "linear:k=5") as the bench and the CLI write it; a clash with a keyword is refused."""
+    from dynatree.errors import DynaTreeError
+    from dynatree.policies import make_policy
+
+    assert make_policy("linear:k=5").config.k == 5
+    fixed = make_policy("fixed:depth=3:branch=2", tau=0.2)
+    assert (fixed.config.depth, fixed.config.branch, fixed.config.tau) == (3, 2, 0.2)
+    for bad, msg in (("linear:k=5", "both in the strategy string"), ("linear:k", "name=value"),
+                     ("linear:kk=5", "kk"), ("lineer:k=5", "did you mean 'linear'")):
+        with pytest.raises(DynaTreeError, match=msg):
+            make_policy(bad, **({"k": 4} if msg.startswith("both") else {}))

@@ -33,10 +33,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynatree.options import parse_value
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
-from dynatree.policies import make_policy
+from dynatree.policies import make_policy, parse_inline
 
 HF_ASSISTED = "hf-assisted"
 #: HuggingFace's own greedy ``generate`` (eager, no draft): the baseline a user compares with first.
@@ -185,16 +184,7 @@ def _fmt(value: Any) -> str:
 def parse_spec(text: str) -> StrategySpec:
     """``"fixed:depth=8:branch=3@wide"`` -> StrategySpec("fixed", {"depth": 8, "branch": 3}, "wide")."""
     body, _, label = text.strip().partition("@")
-    name, *items = [p.strip() for p in body.split(":")]
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key or not raw.strip():
-            raise DynaTreeError(f"strategy option '{item}' in '{text.strip()}' must look like name=value")
-        if key in options:
-            raise DynaTreeError(f"option '{key}' given twice in '{text.strip()}'")
-        options[key] = parse_value(raw.strip())
+    name, options = parse_inline(body)  # the syntax generate(strategy="linear:k=5") takes too
     return StrategySpec(name=name, options=options, label=label.strip())
 
 

@@ -26,6 +26,7 @@ from dynatree.core.clock import sync_clock
 from dynatree.loop import backoff as backoff_module
 from dynatree.loop.backoff import Backoff
 from dynatree.drafts.registry import source_for
+from dynatree.drafts.suffix import TextDraft
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
 from dynatree.errors import DynaTreeError
@@ -41,7 +42,7 @@ from dynatree.core.verify import greedy_accept, sample_accept, tree_forward
 
 def generate(
     target: torch.nn.Module,
-    draft: torch.nn.Module | None,
+    draft: torch.nn.Module | TextDraft | None,
     input_ids: torch.Tensor | Sequence[int],
     strategy: str | DraftPolicy = "dynatree",
     max_new_tokens: int = 128,
@@ -76,10 +77,14 @@ def generate(
 
     Args:
         target: any HF causal LM (GPTNeoX/Pythia, Llama, Qwen2, GPT-2, ...), unmodified.
-        draft: a causal LM over the same vocabulary; may be None for ``"autoregressive"``.
+        draft: a causal LM over the same vocabulary; None to draft from the text itself (the
+            prompt and what has been written: no second model); a
+            :class:`~dynatree.drafts.suffix.TextDraft` to tune that, or with ``model=`` to draft
+            from both in one tree.
         input_ids: one prompt, ``[1, L]`` or ``[L]`` (batch size 1 only).
         strategy: ``"autoregressive"``, ``"linear"``, ``"fixed"``, ``"dynatree"``, ``"dyspec"``,
-            ``"dyspec-threshold"`` or a policy object.
+            ``"dyspec-threshold"``, one of them with options as the bench writes them
+            (``"linear:k=5"``), or a policy object (a :class:`~dynatree.policies.DraftPolicy`).
         max_new_tokens: tokens to generate at most (the last round is truncated exactly).
         eos_token_id: stop after this token (or any of these). None uses the target's
             ``generation_config.eos_token_id``, as HF ``generate`` does; ``[]`` never stops early.
