@@ -75,10 +75,11 @@ def code_version() -> str:
     """The package version, plus the git commit when it runs from a checkout (``0.1.0+g1a2b3c4d5e6f``,
     ``.dirty`` appended with uncommitted changes to tracked files): a row measured by other code is
     another measurement."""
-    import dynatree
-
-    version = dynatree.__version__
-    root = Path(dynatree.__file__).resolve().parents[2]
+    try:
+        version = metadata.version("dynatree")
+    except metadata.PackageNotFoundError:  # run from a source tree on PYTHONPATH, not installed
+        version = "0+unknown"
+    root = Path(__file__).resolve().parents[3]  # src/dynatree/bench/sysinfo.py -> the checkout
     if not (root / ".git").exists():
         return version
     try:
