@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import hf_greedy, tiny_model
+from tiny import hf_greedy, perturbed, tiny_model
 
 from dynatree import generate
 from dynatree.core.tree import TreeBuilder
@@ -99,3 +99,15 @@ def test_a_broken_index_commit_drafts_worse(monkeypatch: pytest.MonkeyPatch) -> 
     assert torch.equal(good.sequences, bad.sequences)  # exact either way...
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731
     assert accepted(good) > accepted(bad)  # ...but only the full index drafts well
+
+
+def test_a_hybrid_tree_fits_the_static_engine_s_largest_bucket() -> None:
+    """The policy's tree plus the text's proposal could outgrow the static engine's largest
+    bucket mid-run; the merge stops at it (this run raised "exceeds the largest static bucket")."""
+    target = tiny_model("llama", seed=1)
+    draft = perturbed(target, noise=0.05)
+    ids = repetitive_prompt(target.config.vocab_size, seed=2)
+    out = generate(target, TextDraft(model=draft, confident=1e9), ids, "fixed", max_new_tokens=24, eos_token_id=[],
+                   engine="static", buckets=(1, 4, 16), max_nodes=15, depth=4, branch=2, tau=0.0)
+    assert out.sequences[0].tolist() == reference(target, ids, 24)
+    assert max(r.drafted for r in out.stats.rounds) <= 15

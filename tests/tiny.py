@@ -104,6 +104,7 @@ def perturbed(model: torch.nn.Module, noise: float = 0.03, seed: int = 123) -> t
 
 
 def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, eos=None) -> torch.Tensor:
-    """Reference: HF generate, greedy, with EOS stopping only when ``eos`` is given."""
-    return model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                          pad_token_id=0, min_new_tokens=0)
+    """Reference: HF generate, greedy, with EOS stopping only when ``eos`` is given. The explicit
+    attention mask matters: without it HF masks every prompt token equal to the pad id (0)."""
+    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                          eos_token_id=eos, pad_token_id=0, min_new_tokens=0)

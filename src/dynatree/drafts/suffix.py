@@ -24,6 +24,7 @@ import torch
 
 from dynatree.core.draft_source import DraftSource, SourceContext
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
+from dynatree.runtime.cache import StaticCachedModel
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
 from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixSource
@@ -119,10 +120,13 @@ class HybridDraft(DraftSource):
     @classmethod
     def open(cls, draft: Any, context: SourceContext) -> "HybridDraft":
         model = FeatureDrafter if FeatureDrafter.accepts(draft.model) else Drafter  # the model part's own source
-        return cls(draft, model.open(draft.model, context))
+        rows = None  # the static engine's largest bucket caps what the text may add to the tree
+        if context.options.engine == "static":
+            rows = (context.options.buckets or StaticCachedModel.BUCKETS)[-1]
+        return cls(draft, model.open(draft.model, context), rows)
 
-    def __init__(self, config: TextDraft, model: DraftSource) -> None:
-        self.config, self.model = config, model
+    def __init__(self, config: TextDraft, model: DraftSource, max_rows: int | None = None) -> None:
+        self.config, self.model, self.max_rows = config, model, max_rows
         self.wants_features = model.wants_features  # type: ignore[misc]
         self.text = config.index()
         self._called = False  # whether the model drafted this round
@@ -140,7 +144,7 @@ class HybridDraft(DraftSource):
         self._called = proposal.score < self.config.confident
         if self._called:  # the text is unsure: the model drafts, the text joins in
             self.model.draft(builder, policy)
-            merge(builder, proposal)
+            merge(builder, proposal, self.max_rows)
         else:
             proposal.add_to(builder)
 
@@ -159,10 +163,11 @@ class HybridDraft(DraftSource):
         return self.model.forward(nodes)
 
 
-def merge(builder: TreeBuilder, proposal: Proposal) -> int:
+def merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None = None) -> int:
     """Add ``proposal``'s nodes to ``builder`` under the root, reusing a node where the tree
     already has that token under that parent; a node's subtree is dropped where its parent's
-    children were sampled (DySpec). Returns the number of nodes added."""
+    children were sampled (DySpec), and where the tree already has ``max_rows`` rows (root
+    included: the static engine's largest bucket). Returns the number of nodes added."""
     children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(builder.parent, builder.tokens)) if i}
     where: list[int | None] = []
     added = 0
@@ -172,6 +177,9 @@ def merge(builder: TreeBuilder, proposal: Proposal) -> int:
             where.append(None)
             continue
         node = children.get((at, token))
+        if node is None and max_rows is not None and len(builder.tokens) >= max_rows:
+            where.append(None)  # (best-first: what is left is less likely, and its subtree goes too)
+            continue
         if node is None:
             node = builder.add(at, token, logq)
             children[(at, token)] = node
