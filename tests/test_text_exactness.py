@@ -101,9 +101,9 @@ class Recorder:
         self._merge = merge
         self._pending: tuple[set[int], set[int]] | None = None
 
-    def merge(self, builder, proposal) -> int:
+    def merge(self, builder, proposal, max_rows=None) -> int:
         start = len(builder)
-        added = self._merge(builder, proposal)
+        added = self._merge(builder, proposal, max_rows)
         kids = {(p, t): i for i, (p, t) in enumerate(zip(builder.parent, builder.tokens)) if i}
         where: list[int | None] = []
         for parent, token in zip(proposal.parents, proposal.tokens):

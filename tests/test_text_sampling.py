@@ -89,9 +89,9 @@ class Tally:
         self._text: set[int] = set()
         self._first = True
 
-    def merge(self, builder, proposal) -> int:
+    def merge(self, builder, proposal, max_rows=None) -> int:
         start = len(builder)
-        added = self.merge_fn(builder, proposal)
+        added = self.merge_fn(builder, proposal, max_rows)
         self.merges_with_text += len(proposal) > 0
         self.merged_nodes += added
         self._text = set(range(start, len(builder)))
@@ -186,7 +186,7 @@ def broken_sample_accept(kind: str):
     return accept
 
 
-def merge_under_sampled_parents(builder, proposal) -> int:
+def merge_under_sampled_parents(builder, proposal, max_rows=None) -> int:
     """BROKEN merge: text nodes also go below a node whose children DySpec sampled, where the
     verifier then reads them as further draws from that node's draft distribution."""
     children = {(p, t): i for i, (p, t) in enumerate(zip(builder.parent, builder.tokens)) if i}
