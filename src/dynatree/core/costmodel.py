@@ -148,7 +148,7 @@ def cache_dir() -> Path:
 
 def enabled() -> bool:
     """Opt-in (``DYNATREE_COST_MODEL=on``) until the measured budget beats the fixed one: on the
-    benchmark CPU it did not yet (1.43x vs 1.69x over autoregressive, benchmarks/cpu/README.md)."""
+    benchmark CPU it did not yet (1.43x vs 1.69x over autoregressive, benchmarks/history/cpu-log.md)."""
     return os.environ.get(ENV_SWITCH, "off").strip().lower() in ("on", "1", "true", "yes")
 
 

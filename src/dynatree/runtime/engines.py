@@ -36,7 +36,7 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     static engine was no faster (same-process A/B, ``benchmarks/cpu/engine_ab.jsonl``), and on the
     benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
     warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
-    tokens would only lose (``benchmarks/cpu/README.md``, session 5). Explicit engines are kept;
+    tokens would only lose (``benchmarks/history/cpu-log.md``, session 5). Explicit engines are kept;
     their ``compile=None`` means off. ``cpu_linear=None`` is on for a model on CPU and off for a
     sharded one (:func:`resolve_cpu_linear`).
     """
@@ -87,7 +87,7 @@ def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
     Why the thread count: the few-row layout was measured to help with 2 threads (a 4-row verify
     at 1.04x a one-token step, compiled autoregressive 1.20x faster), but with 1 thread the same
     layout made eager autoregressive decoding 0.76x and DynaTree 0.89x as fast (offline pair,
-    ``benchmarks/cpu/README.md``, session 6), and left HF's own ``generate`` ahead of ours.
+    ``benchmarks/history/cpu-log.md``, session 6), and left HF's own ``generate`` ahead of ours.
     """
     sharded = distributed.resolve_cpu_linear(model, cpu_linear)
     if sharded is not None:

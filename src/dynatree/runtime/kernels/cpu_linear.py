@@ -3,7 +3,7 @@
 Why this exists: decoding multiplies every weight matrix by 1 row (autoregressive step) or a few
 (a tree of 2-64 nodes). On the project's CPU (2-core AMD EPYC, torch's MKL) ``F.linear(x, W)``
 (``x @ W.T``) costs about twice as much for 2-8 rows as for one, which made verifying a 5-node
-tree cost 1.7x an autoregressive step (benchmarks/cpu/README.md); and compiled one-row calls are
+tree cost 1.7x an autoregressive step (benchmarks/history/cpu-log.md); and compiled one-row calls are
 slower still (inductor turns a one-row matmul into its own loop). The same product computed as
 ``(W @ x.T).T`` -- the weight as the left operand, the rows as a transposed right operand -- is a
 different BLAS kernel that streams each weight once for all rows: for 2-8 rows it costs *less*
