@@ -106,3 +106,14 @@ def test_a_strategy_string_carries_its_options() -> None:
                      ("linear:kk=5", "kk"), ("lineer:k=5", "did you mean 'linear'")):
         with pytest.raises(DynaTreeError, match=msg):
             make_policy(bad, **({"k": 4} if msg.startswith("both") else {}))
+
+
+def test_precompile_takes_a_text_draft(pair) -> None:
+    """`dynatree generate --text --compile` precompiles with a TextDraft as its draft (no module)."""
+    from dynatree.drafts.suffix import TextDraft
+
+    target, draft = pair
+    opts = EngineOptions(engine="static", buckets=(1, 4))
+    dynatree.precompile(target, TextDraft(model=draft), 32, opts)
+    dynatree.precompile(target, None, 32, opts)
+    assert any(key[1].buckets == (1, 4) for key in engines._STATIC[target])

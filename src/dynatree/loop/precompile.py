@@ -43,7 +43,7 @@ def precompile(
     # No run goes past the models' positions (generate refuses it): a larger max_rows would only
     # allocate cache rows that are never used -- gigabytes for max_new_tokens=10**9.
     max_rows = min([max_rows, *(n for n in map(max_positions, [target, *drafts]) if n is not None)])
-    with torch.inference_mode(), eval_mode([m for m in (target, draft) if m is not None]):
+    with torch.inference_mode(), eval_mode([target, *drafts]):  # (draft may be a TextDraft, not a module)
         kvs = [cached_target(target, vocab, options, max_rows)]
         if source is not None:
             engine = source.draft_engine(options)
