@@ -279,7 +279,20 @@ def distill_command(
     train_sequences: int = DistillConfig.train_sequences,
     eval_sequences: int = DistillConfig.eval_sequences,
     seed: int = DistillConfig.seed,
-    corpora: str = DistillConfig.corpora,
+    corpora: Annotated[str, typer.Option(help="comma-separated: pydoc, licences, wiki, books; empty = the data "
+                                              "kind's default (continuation: all four; instruct, mix: pydoc,licences, "
+                                              "plus the standard library)")] = DistillConfig.corpora,
+    data: Annotated[str, typer.Option(help="continuation (the target continuing prose windows), instruct (the "
+                                           "target answering chat-templated requests) or mix")] = DistillConfig.data,
+    max_prompt_tokens: Annotated[int, typer.Option(help="instruct: longer prompts are skipped")] = DistillConfig.max_prompt_tokens,
+    answer_tokens: Annotated[int, typer.Option(help="instruct: tokens per answer at most")] = DistillConfig.answer_tokens,
+    sample_fraction: Annotated[float, typer.Option(help="instruct: share of answers sampled (at --sample-temperature) "
+                                                        "instead of greedy")] = DistillConfig.sample_fraction,
+    sample_temperature: float = DistillConfig.sample_temperature,
+    followup_fraction: Annotated[float, typer.Option(help="instruct: share of second-turn requests after the "
+                                                          "target's own answer")] = DistillConfig.followup_fraction,
+    instruct_fraction: Annotated[float, typer.Option(help="mix: share of instruct sequences")] = DistillConfig.instruct_fraction,
+    gen_batch: Annotated[int, typer.Option(help="prompts the target answers per batch (larger on a GPU)")] = DistillConfig.gen_batch,
     kind: Annotated[str, typer.Option(help="independent (tokens only) or feature (reads the target's hidden "
                                            "states, the EAGLE idea)")] = DistillConfig.kind,
     unroll: Annotated[int, typer.Option(help="feature drafts: tree levels trained per step")] = DistillConfig.unroll,
@@ -290,6 +303,12 @@ def distill_command(
     progress: bool = True,
 ) -> None:
     """Distil a small draft model for TARGET from offline prose and the target's own outputs.
+
+    ``--data instruct`` trains on the target's own answers to requests built offline (summarize,
+    explain, question answering, rewrite, code tasks over the standard library, math, multi-turn),
+    rendered through its chat template: the text an instruct target writes; ``--data mix`` mixes
+    them with prose continuations. Use ``--seq-len`` of a few hundred tokens there, so training
+    windows hold the passage an answer copies from.
 
     Resumable: rerun the same command after an interruption. The result is written to
     OUT/final (model.safetensors, config.json, metrics.json); load it with
@@ -302,7 +321,11 @@ def distill_command(
     set_threads(threads)
     cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
                         seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
-                        eval_sequences=eval_sequences, seed=seed, corpora=corpora, kind=kind, unroll=unroll)
+                        eval_sequences=eval_sequences, seed=seed, corpora=corpora, kind=kind, unroll=unroll,
+                        data=data, max_prompt_tokens=max_prompt_tokens, answer_tokens=answer_tokens,
+                        sample_fraction=sample_fraction, sample_temperature=sample_temperature,
+                        followup_fraction=followup_fraction, instruct_fraction=instruct_fraction,
+                        gen_batch=gen_batch)
     final, metrics = distill_with_target(target, cfg, out=out, resume=resume, device=device, progress=progress)
     typer.echo(f"draft written to {final}: held-out greedy agreement {metrics['generated']:.1%}, "
                f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")

@@ -8,6 +8,15 @@ from typing import Any
 from dynatree.errors import DynaTreeError
 
 CORPUS_NAMES = ("pydoc", "licences", "wiki", "books")
+DATA_KINDS = ("continuation", "instruct", "mix")
+#: The corpora each kind of data reads when ``corpora`` is left empty: instruct data is built from
+#: what every machine has (the standard library always adds its docstrings and code).
+DEFAULT_CORPORA = {"continuation": "pydoc,licences,wiki,books", "instruct": "pydoc,licences",
+                   "mix": "pydoc,licences"}
+#: Bumped when the prompts a data setting yields change, so labelled data made before is rebuilt:
+#: 2 = training text cut around text it shares with held-out documents (pydoc topics repeat one
+#: another), and documents the bench holds out kept out of training whatever ``holdout_every`` is.
+DATA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -27,7 +36,8 @@ class DistillConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     top_k: int = 8
-    corpora: str = "pydoc,licences,wiki,books"  # comma-separated, see distill.documents_for()
+    #: comma-separated subset of CORPUS_NAMES; "" = DEFAULT_CORPORA of ``data``
+    corpora: str = ""
     prompt_tokens: int = 96
     new_tokens: int = 64
     train_sequences: int = 2048
@@ -45,11 +55,34 @@ class DistillConfig:
     #: levels < d, as deeper tree levels do at run time), and the weight of the feature regression.
     unroll: int = 3
     feature_weight: float = 1.0
+    #: What the draft learns from (:mod:`dynatree.training.instruct`): "continuation" (the target's
+    #: continuations of prose windows, half of them chat-wrapped), "instruct" (the target's answers
+    #: to requests through its chat template) or "mix" (``instruct_fraction`` of the sequences
+    #: instruct, the rest continuation).
+    data: str = "continuation"
+    max_prompt_tokens: int = 448  # instruct: longer rendered prompts are skipped, not cut
+    answer_tokens: int = 128  # instruct: tokens of each answer at most
+    sample_fraction: float = 0.25  # instruct: answers sampled at sample_temperature (diversity)
+    sample_temperature: float = 0.8
+    followup_fraction: float = 0.1  # instruct: second-turn requests after the target's own answer
+    instruct_fraction: float = 0.5  # mix only
+
+    def corpus_names(self) -> list[str]:
+        """The corpora this config reads (``corpora``, or the default of its data kind)."""
+        return (self.corpora or DEFAULT_CORPORA.get(self.data, DEFAULT_CORPORA["continuation"])).split(",")
+
+    def sequence_length(self) -> int:
+        """Tokens per labelled sequence: prompt + new tokens (continuation), at most the longest
+        prompt + answer (instruct; mix: the longer of both)."""
+        instruct = self.max_prompt_tokens + self.answer_tokens
+        cont = self.prompt_tokens + self.new_tokens
+        return {"continuation": cont, "instruct": instruct}.get(self.data, max(cont, instruct))
 
     def __post_init__(self) -> None:
         positive = ("layers", "vocab_subset", "steps", "batch", "seq_len", "top_k",
                     "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
-                    "gen_batch", "holdout_every", "checkpoint_every", "eval_every")
+                    "gen_batch", "holdout_every", "checkpoint_every", "eval_every", "max_prompt_tokens",
+                    "answer_tokens")
         for name in positive:
             if int(getattr(self, name)) <= 0:
                 raise DynaTreeError(f"{name} must be a positive integer, got {getattr(self, name)}")
@@ -57,14 +90,27 @@ class DistillConfig:
             raise DynaTreeError("lr must be > 0; warmup and weight_decay must be >= 0")
         if not 0.0 <= self.chat_fraction <= 1.0:
             raise DynaTreeError(f"chat_fraction must lie in [0, 1], got {self.chat_fraction}")
-        if self.seq_len > self.prompt_tokens + self.new_tokens:
+        if self.data not in DATA_KINDS:
+            raise DynaTreeError(f"data must be one of {', '.join(DATA_KINDS)}, got {self.data!r}")
+        for name in ("sample_fraction", "followup_fraction", "instruct_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise DynaTreeError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if not self.sample_temperature > 0:
+            raise DynaTreeError(f"sample_temperature must be > 0, got {self.sample_temperature}")
+        if self.data == "continuation" and self.seq_len > self.prompt_tokens + self.new_tokens:
             raise DynaTreeError(f"seq_len ({self.seq_len}) cannot exceed prompt_tokens + new_tokens "
                                 f"({self.prompt_tokens + self.new_tokens}): every labelled "
                                 "sequence has exactly that length")
-        unknown = set(self.corpora.split(",")) - set(CORPUS_NAMES)
-        if unknown or not self.corpora:
+        if self.seq_len > self.sequence_length():
+            raise DynaTreeError(f"seq_len ({self.seq_len}) cannot exceed max_prompt_tokens + answer_tokens "
+                                f"({self.sequence_length()}), the longest labelled sequence")
+        unknown = set(self.corpus_names()) - set(CORPUS_NAMES)
+        if unknown:
             raise DynaTreeError(f"corpora must be a comma-separated subset of {','.join(CORPUS_NAMES)}, "
                                 f"got {self.corpora!r}")
+        if self.kind == "feature" and self.data != "continuation":
+            raise DynaTreeError("feature drafts train on continuation data only (the features of "
+                                "padded instruct sequences are not wired yet); use --data continuation")
         if self.kind not in ("independent", "feature"):
             raise DynaTreeError(f"kind must be 'independent' or 'feature', got {self.kind!r}")
         if self.unroll < 1 or self.feature_weight < 0:
@@ -73,6 +119,14 @@ class DistillConfig:
             raise DynaTreeError("holdout_every must be >= 2 (1 would hold out every document)")
 
     def data_key(self) -> dict[str, Any]:
-        keys = ("corpora", "top_k", "prompt_tokens", "new_tokens", "train_sequences", "eval_sequences",
-                "chat_fraction", "holdout_every", "seed")
-        return {k: getattr(self, k) for k in keys}
+        """The fields that decide the labelled data: ``data.pt`` is reused when they are equal."""
+        keys = ["top_k", "train_sequences", "eval_sequences", "holdout_every", "seed", "data"]
+        if self.data != "instruct":
+            keys += ["prompt_tokens", "new_tokens", "chat_fraction"]
+        if self.data != "continuation":
+            keys += ["max_prompt_tokens", "answer_tokens", "sample_fraction", "sample_temperature",
+                     "followup_fraction"]
+        if self.data == "mix":
+            keys.append("instruct_fraction")
+        return {"corpora": ",".join(self.corpus_names()), "version": DATA_VERSION,
+                **{k: getattr(self, k) for k in keys}}

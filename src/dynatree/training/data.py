@@ -22,6 +22,7 @@ from dynatree.text import corpora
 from dynatree.text import prose
 from dynatree.text.corpora import Text, is_held_out
 from dynatree.training.config import DistillConfig
+from dynatree.training.split import HeldOutText, held_out_anywhere, pieces
 from dynatree.drafts.distilled import TargetFingerprint, _atomic
 from dynatree.errors import DynaTreeError
 
@@ -40,10 +41,10 @@ CHAT_INSTRUCTIONS = (
 _LOCAL_PREFIX = {"pydoc": "pydoc", "licences": "licence"}  # document-name prefix of offline_corpus()
 
 
-def documents_for(names: str) -> list[Text]:
-    """The documents of the comma-separated corpora ``names`` (pydoc, licences: always on the
-    machine; wiki, books: fetched once from the package registries, see :mod:`dynatree.text.corpora`)."""
-    wanted = names.split(",")
+def documents_for(names: str | Sequence[str]) -> list[Text]:
+    """The documents of the corpora ``names`` (comma-separated or a list; pydoc, licences: always on
+    the machine; wiki, books: fetched once from the package registries, see :mod:`dynatree.text.corpora`)."""
+    wanted = names.split(",") if isinstance(names, str) else list(names)
     prefixes = tuple(f"{_LOCAL_PREFIX[n]}/" for n in wanted if n in _LOCAL_PREFIX)
     docs = [d for d in offline_corpus() if d.name.startswith(prefixes)] if prefixes else []
     for name in ("wiki", "books"):
@@ -97,16 +98,17 @@ def build_prompts(tokenizer: Tokenizer, documents: Sequence[Text], cfg: DistillC
 
     Raw prompts are a prose window; chat prompts are a shorter prose window inside the chat
     template with one of :data:`CHAT_INSTRUCTIONS` (only when the tokenizer has a chat template).
-    Held-out documents (:func:`is_held_out`) only feed the evaluation prompts.
+    Held-out documents (:func:`is_held_out`) only feed the evaluation prompts; documents the bench
+    holds out never feed training, and training documents are cut around every paragraph that
+    shares text with a held-out one (:func:`training_documents`).
     """
     rng = random.Random(cfg.seed)
     p = cfg.prompt_tokens
     wrappers = [w for w in (_chat_wrapper(tokenizer, i) for i in CHAT_INSTRUCTIONS) if w]
     wrappers = [w for w in wrappers if p - len(w[0]) - len(w[1]) >= 16]
     pools: dict[tuple[bool, bool], list[list[int]]] = {(h, c): [] for h in (0, 1) for c in (0, 1)}
-    for doc in documents:
+    for doc, held in training_documents(documents, cfg.holdout_every):
         ids = tokenizer.encode(doc.text, add_special_tokens=False)
-        held = is_held_out(doc.name, cfg.holdout_every)
         pools[(held, False)] += [ids[i:i + p] for i in range(0, len(ids) - p + 1, p)]
         for j, (pre, post) in enumerate(wrappers):
             w = p - len(pre) - len(post)
@@ -135,14 +137,37 @@ def build_prompts(tokenizer: Tokenizer, documents: Sequence[Text], cfg: DistillC
     return PromptWindows(train, evals, train_chat, eval_chat)
 
 
+def training_documents(documents: Sequence[Text], holdout_every: int) -> list[tuple[Text, bool]]:
+    """(document, held out) pairs: held-out documents whole; training documents (held out neither
+    by ``holdout_every`` nor by the bench's rule) cut into pieces around every paragraph that shares
+    a 60-character run with held-out text (:mod:`dynatree.training.split`); the rest dropped.
+
+    Splitting by name alone leaked: the training topic ``pydoc/assignment`` repeats paragraphs of
+    the held-out ``pydoc/augassign``, ``pydoc/compound`` those of ``pydoc/async``, GPL-3 some of GFDL.
+    """
+    guard = HeldOutText(d.text for d in documents if held_out_anywhere(d.name, holdout_every))
+    out = []
+    for doc in documents:
+        if is_held_out(doc.name, holdout_every):
+            out.append((doc, True))
+        elif not held_out_anywhere(doc.name, holdout_every):
+            out += [(Text(doc.name, "\n\n".join(p)), False) for p in pieces(doc.text.split("\n\n"), guard)]
+    return out
+
+
 # -------------------------------------------------------------------------------- target labels
 @dataclass
 class LabelledData:
     """Target-labelled sequences ``[n, L]`` with ``L = prompt_tokens + new_tokens``.
 
     ``topk_ids/topk_logits[s, t]`` are the target's top-k next-token predictions after
-    ``tokens[s, :t+1]``; ``valid`` masks positions at or after a generated EOS; positions
-    ``t >= prompt_tokens - 1`` predict target-generated tokens (what speculation is scored on).
+    ``tokens[s, :t+1]``; ``valid`` masks positions at or after a generated EOS (and padding);
+    positions ``t >= prompt_tokens - 1`` predict target-generated tokens (what speculation is
+    scored on), or ``t >= gen_start[s]`` when rows differ.
+
+    Instruct prompts differ in length: their rows are left-padded, ``start[s]`` is the first
+    column of row ``s`` (earlier columns are padding, never valid, never attended to in training),
+    and ``kind[s]`` indexes :data:`dynatree.training.instruct.KINDS` (None for continuation data).
     """
 
     tokens: torch.Tensor  # long [n, L]
@@ -151,14 +176,26 @@ class LabelledData:
     valid: torch.Tensor  # bool [n, L]
     chat: torch.Tensor  # bool [n]
     prompt_tokens: int
+    start: torch.Tensor | None = None  # long [n]: first non-padding column
+    gen_start: torch.Tensor | None = None  # long [n]: first column predicting a generated token
+    kind: torch.Tensor | None = None  # long [n]: index into instruct.KINDS
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
     def generated_mask(self) -> torch.Tensor:
+        if self.gen_start is not None:
+            cols = torch.arange(self.tokens.shape[1])
+            return (cols[None, :] >= self.gen_start[:, None]) & self.valid
         gen = torch.zeros_like(self.valid)
         gen[:, self.prompt_tokens - 1:] = True
         return gen & self.valid
+
+    def real_mask(self) -> torch.Tensor | None:
+        """Non-padding columns ``[n, L]``, or None when no row is padded."""
+        if self.start is None or not bool((self.start > 0).any()):
+            return None
+        return torch.arange(self.tokens.shape[1])[None, :] >= self.start[:, None]
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -202,9 +239,10 @@ def label_prompts(target: nn.Module, prompts: torch.Tensor, chat: torch.Tensor,
                   progress: bool = True, desc: str = "labelling") -> LabelledData:
     """:func:`label_batch` over all prompts in ``gen_batch`` chunks, resumable via ``partial``."""
     parts: list[dict[str, torch.Tensor]] = []
+    key = json.dumps({**cfg.data_key(), "gen_batch": cfg.gen_batch})  # parts are gen_batch rows each
     if partial is not None and partial.is_file():
         saved = torch.load(partial, weights_only=True)
-        if saved["key"] == json.dumps(cfg.data_key()) and torch.equal(saved["prompts"], prompts):
+        if saved["key"] == key and torch.equal(saved["prompts"], prompts):
             parts = saved["parts"]
     starts = range(0, len(prompts), cfg.gen_batch)
     last_save = time.monotonic()
@@ -214,8 +252,7 @@ def label_prompts(target: nn.Module, prompts: torch.Tensor, chat: torch.Tensor,
                                  eos_token_id))
         bar.update(1)
         if partial is not None and (time.monotonic() - last_save > 60 or i == starts[-1]):
-            atomic_save({"key": json.dumps(cfg.data_key()), "prompts": prompts, "parts": parts},
-                         partial)
+            atomic_save({"key": key, "prompts": prompts, "parts": parts}, partial)
             last_save = time.monotonic()
     bar.close()
     cat = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
@@ -236,37 +273,57 @@ def choose_vocab_subset(data: LabelledData, size: int, always: Sequence[int] = (
     return sorted(chosen)
 
 
-def labelled_data(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: DistillConfig,
-                  documents: Sequence[Text] | None = None, progress: bool = True
-                  ) -> tuple[LabelledData, LabelledData]:
-    """Steps 1-2 of :func:`distill`: (train, held-out) target labels, from ``data.pt`` when it was
-    made with the same data settings for the same target, else built and labelled (resumable)."""
-    data_path = out / DATA_FILE
-    key = json.dumps(cfg.data_key())
-    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
-    train = evals = None
-
-    if data_path.is_file():
-        saved = torch.load(data_path, weights_only=True)
-        if saved["key"] == key and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
-            train, evals = LabelledData(**saved["train"]), LabelledData(**saved["eval"])
-    if train is None or evals is None:
-        prompts = build_prompts(tokenizer, documents if documents is not None
-                                else documents_for(cfg.corpora), cfg)
-        eos = tokenizer.eos_token_id
-        # held-out first: it is small, and an interrupted run can already score other drafts on it
-        evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
-                              partial=out / "eval.partial.pt", progress=progress,
-                              desc="target labels (held-out)")
-        train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
-                              partial=out / "data.partial.pt", progress=progress,
-                              desc="target labels (train)")
-        atomic_save({"key": key, "fingerprint": asdict(fingerprint),
-                      "train": train.as_dict(), "eval": evals.as_dict()}, data_path)
-        for name in ("eval.partial.pt", "data.partial.pt"):  # the complete data is in data.pt
-            (out / name).unlink(missing_ok=True)
-
+def label_continuation(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: DistillConfig,
+                       documents: Sequence[Text] | None = None, progress: bool = True
+                       ) -> tuple[LabelledData, LabelledData]:
+    """(train, held-out) continuation labels: prompt windows of the corpora, greedily continued by
+    the target; resumable through partial files in ``out`` (cached by
+    :func:`dynatree.training.labels.labelled_sets`)."""
+    prompts = build_prompts(tokenizer, documents if documents is not None
+                            else documents_for(cfg.corpus_names()), cfg)
+    eos = tokenizer.eos_token_id
+    # held-out first: it is small, and an interrupted run can already score other drafts on it
+    evals = label_prompts(target, prompts.eval, prompts.eval_chat, cfg, eos,
+                          partial=out / "eval.partial.pt", progress=progress,
+                          desc="target labels (held-out)")
+    train = label_prompts(target, prompts.train, prompts.train_chat, cfg, eos,
+                          partial=out / "data.partial.pt", progress=progress,
+                          desc="target labels (train)")
     return train, evals
+
+
+def pad_left(data: LabelledData, length: int) -> LabelledData:
+    """``data`` with its rows left-padded to ``length`` columns (padding: token 0, never valid),
+    ``start`` / ``gen_start`` moved with them."""
+    n, have = data.tokens.shape
+    shift = length - have
+    if shift < 0:
+        raise ValueError(f"cannot pad {have} columns to {length}")
+    start = data.start if data.start is not None else torch.zeros(n, dtype=torch.long)
+    gen = data.gen_start if data.gen_start is not None else torch.full((n,), data.prompt_tokens - 1)
+    if shift == 0:
+        return LabelledData(**{**data.as_dict(), "start": start, "gen_start": gen})
+
+    def left(t: torch.Tensor) -> torch.Tensor:
+        pad = t.new_zeros((n, shift, *t.shape[2:]))
+        return torch.cat([pad, t], dim=1)
+
+    return LabelledData(tokens=left(data.tokens), topk_ids=left(data.topk_ids), topk_logits=left(data.topk_logits),
+                        valid=left(data.valid), chat=data.chat, prompt_tokens=data.prompt_tokens + shift,
+                        start=start + shift, gen_start=gen + shift, kind=data.kind)
+
+
+def concat(parts: Sequence[LabelledData]) -> LabelledData:
+    """Rows of several labelled sets in one, left-padded to the longest (one part: itself)."""
+    if len(parts) == 1:
+        return parts[0]
+    length = max(p.tokens.shape[1] for p in parts)
+    padded = [pad_left(p, length) for p in parts]
+    kinds = [p.kind if p.kind is not None else torch.zeros(len(p), dtype=torch.long) for p in padded]
+    fields = ("tokens", "topk_ids", "topk_logits", "valid", "chat", "start", "gen_start")
+    cat = {f: torch.cat([getattr(p, f) for p in padded]) for f in fields}
+    return LabelledData(**cat, kind=torch.cat(kinds), prompt_tokens=max(p.prompt_tokens for p in padded))
+
 
 def atomic_save(obj: Any, path: Path) -> None:
     with _atomic(path) as tmp:

@@ -42,8 +42,9 @@ from dynatree.training.data import (
     atomic_save,
     progress_bar,
     choose_vocab_subset,
-    labelled_data,
 )
+from dynatree.training.instruct import KINDS
+from dynatree.training.labels import labelled_sets
 from dynatree.drafts.distilled import DistilledDraft, DraftConfig, _atomic, save_draft
 from dynatree.errors import DynaTreeError
 
@@ -80,11 +81,25 @@ def distill_loss(sub_logits: torch.Tensor, idx: torch.Tensor, probs: torch.Tenso
     return loss, agree.float() / mask.sum().clamp_min(1)
 
 
+def pad_attention(real: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A 4D additive causal mask ``[b, 1, s, s]`` that hides padding columns (``real`` False) from
+    every query; a padding query sees only itself (no empty softmax row). None without padding."""
+    if real is None or bool(real.all()):
+        return None
+    s = real.shape[1]
+    allowed = torch.ones(s, s, dtype=torch.bool, device=real.device).tril()[None] & real[:, None, :]
+    allowed |= torch.eye(s, dtype=torch.bool, device=real.device)[None]
+    mask = torch.zeros(real.shape[0], 1, s, s, dtype=dtype, device=real.device)
+    return mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+
+
 def _train_step(draft: DistilledDraft, optimizer: torch.optim.Optimizer,
                 batch: tuple[torch.Tensor, ...]) -> tuple[float, float]:
-    tokens, idx, probs, mask = (t.to(draft.device, non_blocking=True) for t in batch)
+    tokens, idx, probs, mask = (t.to(draft.device, non_blocking=True) for t in batch[:4])
+    real = batch[4].to(draft.device) if len(batch) > 4 else None
     draft.train()
-    loss, agree = distill_loss(draft.subset_logits(tokens), idx, probs, mask)
+    logits = draft.subset_logits(tokens, attention_mask=pad_attention(real, draft.dtype))
+    loss, agree = distill_loss(logits, idx, probs, mask)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -102,14 +117,25 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
 
 def _batches(data: LabelledData, idx: torch.Tensor, probs: torch.Tensor, cfg: DistillConfig,
              gen: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Random windows of ``seq_len`` from random sequences; the generator state is checkpointed."""
+    """Random windows of ``seq_len`` from random sequences; the generator state is checkpointed.
+
+    Left-padded rows (instruct data) start their window at their first real column when they
+    can; a window that still holds padding comes with its real-column mask (a fifth tensor)."""
     length = data.tokens.shape[1]
+    win = min(cfg.seq_len, length)
+    real_cols = data.real_mask()
     while True:
         rows = torch.randint(len(data), (cfg.batch,), generator=gen)
-        start = torch.randint(length - cfg.seq_len + 1, (cfg.batch,), generator=gen)
-        cols = start[:, None] + torch.arange(cfg.seq_len)
+        if data.start is None:
+            start = torch.randint(length - win + 1, (cfg.batch,), generator=gen)
+        else:
+            low = data.start[rows].clamp_max(length - win)
+            start = low + (torch.rand(cfg.batch, generator=gen) * (length - win + 1 - low)).long()
+        cols = start[:, None] + torch.arange(win)
         r = rows[:, None]
-        yield data.tokens[r, cols], idx[r, cols], probs[r, cols], data.valid[r, cols]
+        batch = (data.tokens[r, cols], idx[r, cols], probs[r, cols], data.valid[r, cols])
+        real = real_cols[r, cols] if real_cols is not None else None
+        yield batch if real is None or bool(real.all()) else (*batch, real)
 
 
 @dataclass
@@ -123,7 +149,7 @@ class Agreement:
     chat_generated: float
     raw_generated: float
     positions: int
-
+    by_kind: dict[str, float] | None = None  # generated-token agreement per kind of request
 
 @torch.inference_mode()
 def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreement:
@@ -135,10 +161,17 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
     """
     draft.eval()
     match = []
-    device = next(draft.parameters()).device
+    param = next(draft.parameters())
+    real_cols = data.real_mask()
+    subset = getattr(draft, "vocab_subset", None)
     for i in range(0, len(data), 8):
-        logits = draft(input_ids=data.tokens[i:i + 8].to(device)).logits
-        match.append(logits.argmax(-1).cpu() == data.topk_ids[i:i + 8, :, 0])
+        mask = pad_attention(real_cols[i:i + 8].to(param.device) if real_cols is not None else None, param.dtype)
+        ids = data.tokens[i:i + 8].to(param.device)
+        if subset is not None and hasattr(draft, "subset_logits"):  # no [8, L, vocab] tensor
+            top = subset[draft.subset_logits(ids, attention_mask=mask).argmax(-1)]
+        else:
+            top = draft(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+        match.append(top.cpu() == data.topk_ids[i:i + 8, :, 0])
     hit = torch.cat(match)
     gen = data.generated_mask()
     prompt = data.valid & ~gen
@@ -163,10 +196,13 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
             step = min(run + 1, len(m) - t)
             rounds, tokens, t = rounds + 1, tokens + step, t + step
     chat = data.chat[:, None].expand_as(gen)
+    by_kind = None
+    if data.kind is not None:
+        by_kind = {KINDS[k]: round(rate(gen & (data.kind == k)[:, None]), 5) for k in sorted(set(data.kind.tolist()))}
     return Agreement(
         generated=rate(gen), prompt=rate(prompt), coverage=float(inside[gen].float().mean()),
         linear_k4_tokens=tokens / max(1, rounds), chat_generated=rate(gen & chat),
-        raw_generated=rate(gen & ~chat), positions=int(gen.sum()))
+        raw_generated=rate(gen & ~chat), positions=int(gen.sum()), by_kind=by_kind)
 
 
 def draft_config_for(target: nn.Module, tokenizer: Tokenizer, train: LabelledData, cfg: DistillConfig,
@@ -233,7 +269,7 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     ckpt_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
-    train, evals = labelled_data(target, tokenizer, out, cfg, documents, progress)
+    train, evals = labelled_sets(target, tokenizer, out, cfg, documents, progress)
     subset, dcfg = draft_config_for(target, tokenizer, train, cfg, target_name)
     draft = DistilledDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)

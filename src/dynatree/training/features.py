@@ -44,7 +44,8 @@ from dynatree.training.distill import (
     save_final,
     start_training,
 )
-from dynatree.training.data import LabelledData, Tokenizer, atomic_save, progress_bar, labelled_data
+from dynatree.training.data import LabelledData, Tokenizer, atomic_save, progress_bar
+from dynatree.training.labels import labelled_sets
 from dynatree.text.corpora import Text
 from dynatree.catalog import DEFAULT_TARGET
 from dynatree.training.config import DistillConfig
@@ -215,7 +216,7 @@ def distill_features(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | 
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     ckpt_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
-    train, evals = labelled_data(target, tokenizer, out, cfg, documents, progress)
+    train, evals = labelled_sets(target, tokenizer, out, cfg, documents, progress)
     feats, eval_feats = features_for(target, train, evals, out, cfg, progress=progress)
     subset, dcfg = draft_config_for(target, tokenizer, train, cfg, target_name, kind="feature")
     draft = FeatureDraft(dcfg, target.get_input_embeddings()).float()
