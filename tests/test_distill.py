@@ -241,3 +241,17 @@ def test_corpora_setting_selects_documents_and_is_validated(monkeypatch: pytest.
     assert DD.documents_for("wiki") == wiki
     both = DD.documents_for("pydoc,wiki")
     assert both[-2:] == wiki and len(both) == len(pydoc) + 2
+
+
+def test_a_distilled_folder_is_a_draft_spec(tmp_path: Path) -> None:
+    """What `dynatree distill` writes is usable as `--draft FOLDER` (it used to be taken for an
+    HF model folder and fail on the missing tokenizer); an HF model folder is not mistaken for it."""
+    from dynatree.loading.models import _is_distilled_folder, resolve_draft
+
+    target = tiny_target(0)
+    draft = make_draft(target, list(range(0, VOCAB, 3)))
+    R.save_draft(draft, tmp_path / "final")
+    loaded = resolve_draft(str(tmp_path / "final"), target)
+    assert isinstance(loaded, R.DistilledDraft) and loaded.draft_config.vocab_subset == draft.draft_config.vocab_subset
+    target.save_pretrained(tmp_path / "hf")
+    assert not _is_distilled_folder(str(tmp_path / "hf")) and not _is_distilled_folder(str(tmp_path / "none"))

@@ -17,6 +17,8 @@ Why this module exists:
 
 from __future__ import annotations
 
+import json
+
 import copy
 import importlib
 import importlib.util
@@ -287,6 +289,10 @@ def resolve_draft(
         return make_early_exit_draft(target, int(depth))
     if spec in SHIPPED_DRAFTS:
         return _load_distilled_draft(target, SHIPPED_DRAFTS[spec])
+    if _is_distilled_folder(spec):  # what `dynatree distill` writes (OUT/final)
+        from dynatree.drafts.checkpoint import load_distilled_draft
+
+        return load_distilled_draft(target, Path(spec).expanduser())
     model, draft_tokenizer = load_model(
         spec,
         dtype=dtype if dtype is not None else target.dtype,
@@ -296,6 +302,19 @@ def resolve_draft(
     if tokenizer is not None:
         check_compatible((target, tokenizer), (model, draft_tokenizer), allow_vocab_mismatch=allow_vocab_mismatch)
     return model
+
+
+def _is_distilled_folder(spec: str) -> bool:
+    """A local folder holding a distilled draft (its config names the target it was trained for
+    and the vocabulary subset of its head), not an HF model folder."""
+    config = Path(spec).expanduser() / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        fields = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(fields, dict) and {"target_name", "vocab_subset", "fingerprint"} <= set(fields)
 
 
 def _load_distilled_draft(target: PreTrainedModel, folder: str) -> nn.Module:
