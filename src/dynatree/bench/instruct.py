@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from dynatree.text import corpora
+from dynatree.text.prose import is_heading_block, is_prose_block, passages
 from dynatree.errors import DynaTreeError
 from dynatree.bench import instruct_text
 from dynatree.bench.instruct_text import Template
@@ -114,12 +115,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(`])")
 _CODE_SYMBOLS = set("=<>{}[]|\\#@$%^~()")  # not _ * ` ": prose names __aiter__ and *terms*
 
 
-def _is_heading(block: str) -> bool:
-    return "\n" not in block and len(block) < 80 and not block.rstrip().endswith((".", ":", "?", "!"))
-
-
-def _is_prose(block: str) -> bool:
-    return len(block.split()) >= 12 and not _is_heading(block) and "\n" not in block
+_is_heading, _is_prose = is_heading_block, is_prose_block
 
 
 def _wrapped_prose(body: str) -> bool:
@@ -252,27 +248,7 @@ def _without_held_out_text(docs: list[_Doc]) -> list[_Doc]:
 
 
 def _passages(doc: _Doc, rng: random.Random) -> Iterator[tuple[str, ...]]:
-    """Non-overlapping runs of whole blocks, each aiming at a length drawn from the target range,
-    never ending on a heading and holding at least one prose paragraph. The first starts at one of
-    the first three blocks, so categories cutting the same document start at different places."""
-    blocks, start = doc.blocks, rng.randrange(min(3, len(doc.blocks)))
-    while start < len(blocks):
-        target = rng.randint(*TARGET_PASSAGE_CHARS)
-        chosen: list[str] = []
-        end, size = start, 0
-        while end < len(blocks) and size < target:
-            if chosen and size + len(blocks[end]) > MAX_PASSAGE_CHARS:
-                break
-            chosen.append(blocks[end])
-            size += len(blocks[end]) + 2
-            end += 1
-        while chosen and _is_heading(chosen[-1]):
-            chosen.pop()
-            end -= 1
-        text_size = sum(len(b) + 2 for b in chosen)
-        if chosen and MIN_PASSAGE_CHARS <= text_size <= MAX_PASSAGE_CHARS and any(map(_is_prose, chosen)):
-            yield tuple(chosen)
-        start = max(end, start + 1)
+    return passages(doc.blocks, rng, TARGET_PASSAGE_CHARS, MIN_PASSAGE_CHARS, MAX_PASSAGE_CHARS)
 
 
 _STOP = frozenset("""

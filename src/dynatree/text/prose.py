@@ -20,8 +20,9 @@ benchmark baselines or a retrained draft.
 
 from __future__ import annotations
 
+import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 MIN_WORDS = 20  # shorter paragraphs are headings, captions or fragments, not prose
 MAX_SYMBOL_FRACTION = 0.02  # more code symbols than this marks a paragraph as code-like
@@ -124,3 +125,41 @@ def licence_paragraphs(text: str) -> list[str]:
     """Paragraphs of a licence for training, each on one line; headings and signatures dropped."""
     paras = [re.sub(r"\s+", " ", p).strip() for p in re.split(r"\n\s*\n", text)]
     return [p for p in paras if len(p) >= MIN_LICENCE_CHARS]
+
+
+# ------------------------------------------------------------------------------------ passages
+def is_heading_block(block: str) -> bool:
+    """A one-line block that ends like no sentence does: a title."""
+    return "\n" not in block and len(block) < 80 and not block.rstrip().endswith((".", ":", "?", "!"))
+
+
+def is_prose_block(block: str) -> bool:
+    """A one-line block of a dozen words or more that is not a heading."""
+    return "\n" not in block and len(block.split()) >= 12 and not is_heading_block(block)
+
+
+def passages(blocks: Sequence[str], rng: random.Random, target: tuple[int, int], min_chars: int,
+             max_chars: int) -> Iterator[tuple[str, ...]]:
+    """Non-overlapping runs of whole ``blocks``, each aiming at a length drawn from ``target``,
+    never ending on a heading, holding at least one prose paragraph, ``min_chars`` to
+    ``max_chars`` long. The first starts at one of the first three blocks, so callers cutting
+    the same document (the bench's categories, the training set's kinds) start at different places.
+    Shared by the instruct bench sets and the instruct training data, which cut passages alike."""
+    start = rng.randrange(min(3, len(blocks)))
+    while start < len(blocks):
+        aim = rng.randint(*target)
+        chosen: list[str] = []
+        end, size = start, 0
+        while end < len(blocks) and size < aim:
+            if chosen and size + len(blocks[end]) > max_chars:
+                break
+            chosen.append(blocks[end])
+            size += len(blocks[end]) + 2
+            end += 1
+        while chosen and is_heading_block(chosen[-1]):
+            chosen.pop()
+            end -= 1
+        size = sum(len(b) + 2 for b in chosen)
+        if chosen and min_chars <= size <= max_chars and any(map(is_prose_block, chosen)):
+            yield tuple(chosen)
+        start = max(end, start + 1)

@@ -60,6 +60,8 @@ from torch import nn
 
 from dynatree.errors import DynaTreeError
 from dynatree.text import corpora
+from dynatree.text.prose import is_heading_block, is_prose_block
+from dynatree.text.prose import passages as cut_passages
 from dynatree.training import instruct_text as IT
 from dynatree.training.config import DistillConfig
 from dynatree.training.data import LabelledData, atomic_save, concat, progress_bar
@@ -138,12 +140,7 @@ _FOOTNOTE = re.compile(r"\s*\[\d+\]")
 _SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(`])")
 
 
-def _is_heading(block: str) -> bool:
-    return "\n" not in block and len(block) < 80 and not block.rstrip().endswith((".", ":", "?", "!"))
-
-
-def _is_prose(block: str) -> bool:
-    return "\n" not in block and len(block.split()) >= 12 and not _is_heading(block)
+_is_heading, _is_prose = is_heading_block, is_prose_block
 
 
 def blocks_of(text: str) -> list[str]:
@@ -295,23 +292,7 @@ def guard_training(docs: Sequence[Doc], held: Callable[[str], bool], extra: Sequ
 # ------------------------------------------------------------------------------------ passages
 def passages(doc: Doc, rng: random.Random) -> Iterator[tuple[str, ...]]:
     """Non-overlapping runs of whole blocks aiming at a drawn length, holding some prose."""
-    blocks, start = doc.blocks, rng.randrange(min(3, len(doc.blocks)))
-    while start < len(blocks):
-        target = rng.randint(*PASSAGE_CHARS)
-        chosen: list[str] = []
-        end, size = start, 0
-        while end < len(blocks) and size < target:
-            if chosen and size + len(blocks[end]) > MAX_PASSAGE_CHARS:
-                break
-            chosen.append(blocks[end])
-            size += len(blocks[end]) + 2
-            end += 1
-        while chosen and _is_heading(chosen[-1]):
-            chosen.pop()
-            end -= 1
-        if chosen and PASSAGE_CHARS[0] <= size <= MAX_PASSAGE_CHARS and any(map(_is_prose, chosen)):
-            yield tuple(chosen)
-        start = max(end, start + 1)
+    return cut_passages(doc.blocks, rng, PASSAGE_CHARS, PASSAGE_CHARS[0], MAX_PASSAGE_CHARS)
 
 
 _STOP = frozenset("""about above after again against also although among another because been before
