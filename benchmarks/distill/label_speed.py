@@ -1,12 +1,13 @@
 """Labelled positions per second: today's continuation labeller against the batched instruct one.
 
-    python benchmarks/distill/label_speed.py --threads 2 --prompts 64 --out label_speed.json
+    python benchmarks/distill/label_speed.py --threads 2 --prompts 128 --out label_speed.json
 
 Both on the same target in one process, interleaved (continuation batch, instruct batch, ...), so
 a busy machine slows both alike. Continuation: 96-token prose windows continued for 64 greedy
 tokens, 32 per batch (``data.label_batch``, what ``dynatree distill`` ran so far). Instruct:
 chat-templated requests of the training side (``instruct.choose``), left-padded batches of
-``--gen-batch`` sorted by length, answers of up to ``--answer-tokens`` tokens, finished rows
+``--gen-batch`` requests of about one length (consecutive in a length-sorted pool of ``--pool``, at
+evenly spaced quantiles, as a real run's sorted batches are), answers of up to ``--answer-tokens`` tokens, finished rows
 leaving the batch (``instruct.generate_batch``). "positions" are labelled (valid) positions;
 "generated" are the positions that predict a target-written token, what a draft is scored on.
 """
@@ -19,6 +20,7 @@ import json
 import os
 import platform
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=64, help="prompts of each kind")
     ap.add_argument("--gen-batch", type=int, default=32)
+    ap.add_argument("--pool", type=int, default=1024, help="requests the instruct batches are drawn from")
     ap.add_argument("--answer-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=448)
     ap.add_argument("--device", default="cpu")
@@ -47,9 +50,14 @@ def main() -> None:
     cont_cfg = dataclasses.replace(cfg, data="continuation", corpora="pydoc,licences", seq_len=160,
                                    train_sequences=args.prompts, eval_sequences=8)
     windows = D.build_prompts(tok, D.documents_for("pydoc,licences"), cont_cfg).train
-    requests = I.choose(tok, I.examples(cfg, held_out=False), args.prompts, cfg.max_prompt_tokens, "training")
+    # a real run sorts thousands of requests by length, so its batches hold prompts of about one
+    # length: batches of consecutive requests at evenly spaced quantiles of a large pool do too
+    requests = I.choose(tok, I.examples(cfg, held_out=False), args.pool, cfg.max_prompt_tokens, "training")
     temps = I.temperatures(len(requests.ids), cfg, "speed")
-    order = sorted(range(len(requests.ids)), key=lambda i: len(requests.ids[i]))
+    by_length = sorted(range(len(requests.ids)), key=lambda i: len(requests.ids[i]))
+    n_batches = max(1, args.prompts // args.gen_batch)
+    starts = [round(j * (len(by_length) - args.gen_batch) / max(1, n_batches - 1)) for j in range(n_batches)]
+    order = [i for s in starts for i in by_length[s:s + args.gen_batch]]
     eos = I.eos_ids(target, tok)
     totals = {k: {"seconds": 0.0, "positions": 0, "generated": 0, "sequences": 0} for k in ("continuation", "instruct")}
     for b in range(0, args.prompts, args.gen_batch):
@@ -75,7 +83,9 @@ def main() -> None:
                           for k, v in totals.items()}), flush=True)
     record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
               "load_average": os.getloadavg(), "device": args.device, "gen_batch": args.gen_batch,
-              "answer_tokens": args.answer_tokens, "kinds": requests.counts(),
+              "answer_tokens": args.answer_tokens, "kinds": dict(Counter(requests.examples[i].kind for i in order)),
+              "prompt_tokens": {"min": min(len(requests.ids[i]) for i in order),
+                                "max": max(len(requests.ids[i]) for i in order)},
               **{k: {**v, "per_s": round(v["positions"] / v["seconds"], 1),
                      "generated_per_s": round(v["generated"] / v["seconds"], 1)} for k, v in totals.items()}}
     print(json.dumps(record, indent=1))

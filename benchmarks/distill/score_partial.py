@@ -39,8 +39,8 @@ def main() -> None:
         evals = LabelledData(**torch.load(args.run / "data.pt", weights_only=True)["eval"])
     else:
         saved = torch.load(args.run / "eval.partial.pt", weights_only=True)
-        assert saved["key"] == json.dumps(cfg.data_key()), "settings differ from the run's"
-        prompts = build_prompts(tok, documents_for(cfg.corpora), cfg)
+        assert saved["key"] == json.dumps({**cfg.data_key(), "gen_batch": cfg.gen_batch}), "settings differ from the run's"
+        prompts = build_prompts(tok, documents_for(cfg.corpus_names()), cfg)
         assert torch.equal(saved["prompts"], prompts.eval)
         parts = saved["parts"]
         cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

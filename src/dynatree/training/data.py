@@ -11,7 +11,7 @@ import json
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from dynatree.text import prose
 from dynatree.text.corpora import Text, is_held_out
 from dynatree.training.config import DistillConfig
 from dynatree.training.split import HeldOutText, held_out_anywhere, pieces
-from dynatree.drafts.distilled import TargetFingerprint, _atomic
+from dynatree.drafts.distilled import _atomic
 from dynatree.errors import DynaTreeError
 
 DATA_FILE = "data.pt"

@@ -65,7 +65,7 @@ from dynatree.text.prose import passages as cut_passages
 from dynatree.training import instruct_text as IT
 from dynatree.training.config import DistillConfig
 from dynatree.training.data import LabelledData, atomic_save, concat, progress_bar
-from dynatree.training.split import HeldOutText, held_out_anywhere, pieces
+from dynatree.training.split import HeldOutText, pieces
 
 TEMPLATE_HOLDOUT_EVERY = 3
 #: Share of first-stage requests per kind (follow-ups are ``followup_fraction`` of all sequences).
@@ -77,9 +77,9 @@ PASSAGE_CHARS = (350, 1800)  # each passage aims at a length drawn from this ran
 MAX_PASSAGE_CHARS = 2400
 MIN_CODE_CHARS, MAX_CODE_CHARS, MAX_CODE_LINES = 250, 2000, 60
 MIN_DOCSTRING_WORDS = 40
-MATH_PER_TEMPLATE = 400
+MATH_PER_TEMPLATE = 500
 BUGGY_SHARE = 0.4  # functions that get a planted bug (for the find-bug and review templates)
-PER_PASSAGE = 2  # templates per passage and kind (offline prose is scarce; answers still differ)
+PER_PASSAGE = 3  # templates per passage and kind (offline prose is scarce; answers still differ)
 SAVE_EVERY_S = 60.0  # labelling writes its partial file at most this often (and after the last batch)
 
 Messages = tuple[tuple[str, str], ...]
