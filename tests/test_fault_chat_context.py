@@ -110,6 +110,7 @@ def test_cli_chat_with_too_long_replies_is_one_line(small_dirs) -> None:
                                    "--max-new-tokens", "1000000000"], input="hi\n")
     assert res.exit_code == 2
     assert [line for line in res.stderr.splitlines() if line.startswith("error:")] == [
-        "error: max_new_tokens=1000000000 and a tree of depth 9 leave no room for the conversation in the model's "
-        "64 positions: use max_new_tokens (--max-new-tokens) of at most 54"]
+        # depth 32: the text's proposals (--text, the default) reach deeper than the policy's 9
+        "error: max_new_tokens=1000000000 and a tree of depth 32 leave no room for the conversation in the model's "
+        "64 positions: use max_new_tokens (--max-new-tokens) of at most 31"]
     assert "you>" not in res.stdout  # refused before the conversation started

@@ -69,9 +69,10 @@ def test_cli_generate_refuses_before_printing_or_compiling(model_dirs, monkeypat
         assert res.exit_code == 2, res.output
         assert "Traceback" not in res.output
         assert error_lines(res.stderr) == [
-            f"error: prompt (3) + max_new_tokens ({HUGE}) + tree depth (9) = {HUGE + 12} positions exceeds "
-            f"LlamaForCausalLM's maximum of 1024 by {HUGE + 12 - 1024}; max_new_tokens (--max-new-tokens) can be at "
-            "most 1012 here, or pass kv_window=N (--kv-window) for StreamingLLM-style KV eviction"]
+            # depth 32: the text's proposals (--text, the default) reach deeper than the policy's 9
+            f"error: prompt (3) + max_new_tokens ({HUGE}) + tree depth (32) = {HUGE + 35} positions exceeds "
+            f"LlamaForCausalLM's maximum of 1024 by {HUGE + 35 - 1024}; max_new_tokens (--max-new-tokens) can be at "
+            "most 989 here, or pass kv_window=N (--kv-window) for StreamingLLM-style KV eviction"]
         assert res.stdout == ""  # not even the prompt: the run never started
     assert calls == []  # nothing compiled (nor a cache allocated) for it
 
