@@ -79,7 +79,7 @@ def repetitive(vocab: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("source", ["model", "text", "hybrid"])
-@pytest.mark.parametrize("strategy", ["linear", "dynatree", "dyspec"])
+@pytest.mark.parametrize("strategy", ["linear", "fixed", "dynatree", "dyspec", "dyspec-threshold"])
 def test_skipped_rounds_keep_the_output_exact(source: str, strategy: str) -> None:
     target = tiny_model("llama", seed=1)
     model = perturbed(target, noise=0.05)

@@ -111,3 +111,16 @@ def test_a_hybrid_tree_fits_the_static_engine_s_largest_bucket() -> None:
                    engine="static", buckets=(1, 4, 16), max_nodes=15, depth=4, branch=2, tau=0.0)
     assert out.sequences[0].tolist() == reference(target, ids, 24)
     assert max(r.drafted for r in out.stats.rounds) <= 15
+
+
+@pytest.mark.parametrize("source", ["text", "hybrid"])
+def test_text_sources_under_kv_eviction_equal_autoregressive_under_the_same_eviction(source: str) -> None:
+    """`--kv-window` with the CLI's default (--text): exact against AR with the same eviction."""
+    target = tiny_model("llama", seed=1)
+    draft = None if source == "text" else TextDraft(model=perturbed(target, noise=0.05))
+    ids = repetitive_prompt(target.config.vocab_size, seed=2)
+    run = dict(max_new_tokens=60, eos_token_id=[], kv_window=48, engine="hf")
+    out = generate(target, draft, ids, **run)
+    ref = generate(target, None, ids, "autoregressive", **run)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.stats.rounds) < 60  # the text drafted
