@@ -43,14 +43,9 @@ if [ -z "$smoke" ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 [ -d /tmp/dynatree-site ] && export PYTHONPATH="$PYTHONPATH:/tmp/dynatree-site"
 
-if [ -n "$parts" ]; then  # the GGUF carried in parts (each call carries at most 64 MiB)
-  name=$(basename "$(ls "$parts"/*.part* | head -1)" | sed 's/\.part.*//')
-  gguf=/tmp/$name
-  cat $(ls "$parts"/*.part* | sort) > "$gguf" || exit 2
-  if ls "$parts"/*.sha256 >/dev/null 2>&1; then
-    sums=$(realpath "$(ls "$parts"/*.sha256 | head -1)")
-    (cd /tmp && sha256sum -c "$sums") || { echo "GGUF parts do not join to the recorded file" >&2; exit 2; }
-  fi
+if [ -n "$parts" ]; then  # the GGUF carried in parts (benchmarks/gpu/join_gguf.sh)
+  . benchmarks/gpu/join_gguf.sh
+  gguf=$(join_gguf_parts "$parts") || exit 2
 fi
 if [ -z "$gguf" ] && [ -z "$smoke" ] && [ -f "$DYNATREE_CACHE/gguf-path" ]; then  # joined by an earlier command
   gguf=$(cat "$DYNATREE_CACHE/gguf-path")
