@@ -106,7 +106,7 @@ def throughput(cost: CostProfile | Callable[[int], float], gains: Sequence[float
 
 
 def choose_budget(cost: CostProfile | Callable[[int], float], gains: Sequence[float], overhead_ms: float = 0.0,
-                  limit: int | None = None) -> int:
+                  limit: int | None = None, *, base: float = 1.0, rows: int = 1) -> int:
     """How many of the nodes (in the order given) a round should verify: the ``n`` in
     ``[0, len(gains)]`` that maximises expected committed tokens per ms, the smallest on ties.
 
@@ -114,15 +114,23 @@ def choose_budget(cost: CostProfile | Callable[[int], float], gains: Sequence[fl
     runs over every prefix rather than stopping at the first drop, so a cost step (a bucket
     boundary) that the nodes after it pay back does not end the tree early. ``overhead_ms`` is
     the rest of the round (drafting, committing): the larger it is, the cheaper extra rows look.
+
+    ``base`` and ``rows`` describe what the round already holds before these nodes: its expected
+    committed tokens (1, the bonus token, for a bare root) and its rows (1, the root). Adding nodes
+    to a tree another source drafted passes that tree's: ``(base + sum(gains[:n])) / cost(rows + n)``.
     """
     if overhead_ms < 0 or not math.isfinite(overhead_ms):
         raise DynaTreeError(f"overhead_ms must be finite and >= 0, got {overhead_ms}")
+    if not (math.isfinite(base) and base > 0):
+        raise DynaTreeError(f"base must be finite and > 0, got {base}")
+    if not (isinstance(rows, int) and rows >= 1):
+        raise DynaTreeError(f"rows must be an integer >= 1, got {rows!r}")
     top = len(gains) if limit is None else min(len(gains), limit)
-    best, best_n, total = -1.0, 0, 1.0
+    best, best_n, total = -1.0, 0, float(base)
     for n in range(top + 1):
         if n:
             total += float(gains[n - 1])
-        c = cost.cost(n + 1) if isinstance(cost, CostProfile) else float(cost(n + 1))
+        c = cost.cost(rows + n) if isinstance(cost, CostProfile) else float(cost(rows + n))
         value = total / (c + overhead_ms)
         if value > best * (1 + 1e-9):
             best, best_n = value, n

@@ -99,6 +99,22 @@ class Proposal:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def path_probs(self) -> list[float]:
+        """Each node's path probability: the product of the conditional probabilities from the
+        root's child down to it (what ``score`` sums; non-increasing along the lists)."""
+        out: list[float] = []
+        for parent, logq in zip(self.parents, self.logprobs):
+            out.append((1.0 if parent < 0 else out[parent]) * math.exp(logq))
+        return out
+
+    def head(self, n: int) -> Proposal:
+        """The first ``n`` nodes as a proposal of their own (a valid tree: parents come first)."""
+        n = max(0, min(int(n), len(self.tokens)))
+        if n == len(self.tokens):
+            return self
+        return Proposal(self.parents[:n], self.tokens[:n], self.logprobs[:n], self.match_len,
+                        float(sum(self.path_probs()[:n])))
+
     def add_to(self, builder: TreeBuilder, under: int = 0) -> list[int]:
         """Add the nodes to ``builder`` below node ``under`` (logq = log conditional probability);
         returns the builder indices of the new nodes, in this proposal's order."""
