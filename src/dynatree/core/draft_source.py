@@ -24,6 +24,7 @@ from dynatree.core.tree import TokenTree, TreeBuilder
 from dynatree.errors import DynaTreeError
 
 if TYPE_CHECKING:
+    from dynatree.core.costmodel import CostProfile
     from dynatree.options import EngineOptions
     from dynatree.policies.base import DraftPolicy
 
@@ -93,6 +94,14 @@ class DraftSource(ABC):
     @abstractmethod
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
         """The target committed ``tree``'s ``accepted`` nodes (path order) and then ``bonus``."""
+
+    def wants_cost_model(self) -> bool:
+        """Whether the source sizes its trees by the target's verify cost: the loop then hands it
+        the measured profile (:meth:`use_cost_model`) when the cost model is on. Default: no."""
+        return False
+
+    def use_cost_model(self, profile: "CostProfile | None") -> None:
+        """Receive the target's measured verify-cost profile (None: none was measured)."""
 
     def finish(self) -> None:
         """The generation ended (its tokens are all committed): a source that learns across

@@ -8,6 +8,15 @@
   called at all; elsewhere the policy grows the model's tree and the text's proposal is merged
   into it under one root, sharing the nodes the two agree on.
 
+Both cut the text's proposal to the best-first prefix that maximises expected committed tokens per
+unit of verify cost (:func:`trim`, with ``TextDraft(trim=True)``, the default): the proposal's
+path probabilities are the gains, the cost curve is the target's measured profile when the cost
+model is on (``DYNATREE_COST_MODEL=on``) and otherwise a default relative curve for the device
+(``tuning.TEXT_COST_CURVE``). On a CPU, where a verify of 17 rows costs ~3 plain steps, an unsure
+proposal's low-probability tail (or all of it) is dropped; a confident one stays deep; on a GPU,
+where rows are nearly free, nothing is cut. In a hybrid round the text nodes merged into the
+model's tree are cut by the same rule, the model's nodes counting as rows already paid for.
+
 Suffix children are deterministic proposals (chosen by counts, not drawn), which lossless sampling
 verifies with q = 1, so both sources are exact at any temperature. Text nodes are never attached
 below a node whose children were *sampled* (DySpec), which verification reads as all drawn from
@@ -16,12 +25,14 @@ one distribution.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dynatree.core.costmodel import CostProfile, choose_budget
 from dynatree.core.draft_source import DraftSource, SourceContext
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.runtime.cache import StaticCachedModel
@@ -43,8 +54,11 @@ class TextDraft:
     ``budget``: most text nodes per round; ``min_prob``, ``alpha``, ``max_spec``: the suffix
     proposal's probability floor and depth cap ``min(max_spec, ceil(alpha * match_len))``;
     ``confident``: with a model, the expected accepted length (sum of the proposal's path
-    probabilities) from which the model sits the round out; ``cache``: a :class:`SuffixCache`
-    shared across requests (chat turns, the prompts of a bench run), or None.
+    probabilities) from which the model sits the round out; ``trim``: cut each round's text
+    nodes to the count that maximises expected committed tokens per unit of verify cost
+    (:func:`trim`; False: always up to ``budget`` nodes, as before the cut existed);
+    ``cache``: a :class:`SuffixCache` shared across requests (chat turns, the prompts of a bench
+    run), or None.
     """
 
     model: torch.nn.Module | None = None
@@ -53,6 +67,7 @@ class TextDraft:
     alpha: float = tuning.TEXT_ALPHA
     max_spec: int = tuning.TEXT_MAX_SPEC
     confident: float = tuning.TEXT_CONFIDENT
+    trim: bool = True
     cache: SuffixCache | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -61,9 +76,30 @@ class TextDraft:
         check(self.alpha > 0, "alpha", "a number > 0", self.alpha)
         check(isinstance(self.max_spec, int) and self.max_spec >= 1, "max_spec", "an integer >= 1", self.max_spec)
         check(self.confident >= 0, "confident", "a number >= 0", self.confident)
+        check(isinstance(self.trim, bool), "trim", "True or False", self.trim)
 
     def index(self) -> SuffixSource:
         return SuffixSource(self.cache, min_prob=self.min_prob, alpha=self.alpha, max_spec=self.max_spec)
+
+    def cost_curve(self, device: str) -> CostProfile | None:
+        """What :func:`trim` weighs rows by before (or without) a measured profile: the device's
+        default relative curve (``tuning.TEXT_COST_CURVE``); None when trimming is off or the
+        device has no curve (the proposal is then kept whole)."""
+        if not self.trim or device not in tuning.TEXT_COST_CURVE:
+            return None
+        rows, cost = tuning.TEXT_COST_CURVE[device]
+        return CostProfile(rows, cost, meta={"source": f"tuning.TEXT_COST_CURVE[{device!r}]"})
+
+
+def trim(proposal: Proposal, cost: CostProfile, base: float = 1.0, rows: int = 1) -> Proposal:
+    """The best-first prefix of ``proposal`` that maximises expected committed tokens per unit of
+    verify cost: ``(base + sum of the first n path probabilities) / cost(rows + n)``
+    (:func:`~dynatree.core.costmodel.choose_budget`; the smallest such n on ties). ``base`` and
+    ``rows``: what the round already holds (a bare root: 1 expected token, 1 row). A prefix of a
+    best-first proposal is a valid tree (parents come before their children)."""
+    if not len(proposal):
+        return proposal
+    return proposal.head(choose_budget(cost, proposal.path_probs(), base=base, rows=rows))
 
 
 class SuffixDraft(DraftSource):
@@ -81,17 +117,29 @@ class SuffixDraft(DraftSource):
 
     @classmethod
     def open(cls, draft: Any, context: SourceContext) -> "SuffixDraft":
-        return cls(draft if draft is not None else TextDraft())
+        config = draft if draft is not None else TextDraft()
+        return cls(config, config.cost_curve(context.target_kv.device.type))
 
-    def __init__(self, config: TextDraft) -> None:
+    def __init__(self, config: TextDraft, cost: CostProfile | None = None) -> None:
         self.config = config
+        self.cost = cost if config.trim else None  # None: every proposal is kept whole
         self.text = config.index()
+
+    def wants_cost_model(self) -> bool:
+        return self.config.trim
+
+    def use_cost_model(self, profile: CostProfile | None) -> None:
+        if profile is not None and self.config.trim:
+            self.cost = profile
 
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
         self.text.start(list(prompt))
 
     def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
-        self.text.propose(self.config.budget).add_to(builder)
+        proposal = self.text.propose(self.config.budget)
+        if self.cost is not None:
+            proposal = trim(proposal, self.cost)
+        proposal.add_to(builder)
 
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
         self.text.commit(committed_tokens(tree, list(accepted), bonus))
@@ -123,13 +171,22 @@ class HybridDraft(DraftSource):
         rows = None  # the static engine's largest bucket caps what the text may add to the tree
         if context.options.engine == "static":
             rows = (context.options.buckets or StaticCachedModel.BUCKETS)[-1]
-        return cls(draft, model.open(draft.model, context), rows)
+        return cls(draft, model.open(draft.model, context), rows, draft.cost_curve(context.target_kv.device.type))
 
-    def __init__(self, config: TextDraft, model: DraftSource, max_rows: int | None = None) -> None:
+    def __init__(self, config: TextDraft, model: DraftSource, max_rows: int | None = None,
+                 cost: CostProfile | None = None) -> None:
         self.config, self.model, self.max_rows = config, model, max_rows
+        self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
         self.wants_features = model.wants_features  # type: ignore[misc]
         self.text = config.index()
         self._called = False  # whether the model drafted this round
+
+    def wants_cost_model(self) -> bool:
+        return self.config.trim
+
+    def use_cost_model(self, profile: CostProfile | None) -> None:
+        if profile is not None and self.config.trim:
+            self.cost = profile
 
     @property
     def calls(self) -> int:
@@ -144,8 +201,12 @@ class HybridDraft(DraftSource):
         self._called = proposal.score < self.config.confident
         if self._called:  # the text is unsure: the model drafts, the text joins in
             self.model.draft(builder, policy)
+            if self.cost is not None:
+                proposal = trim_merged(builder, proposal, self.cost, self.max_rows)
             merge(builder, proposal, self.max_rows)
         else:
+            if self.cost is not None:
+                proposal = trim(proposal, self.cost)
             proposal.add_to(builder)
 
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
@@ -168,21 +229,46 @@ def merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None = None)
     already has that token under that parent; a node's subtree is dropped where its parent's
     children were sampled (DySpec), and where the tree already has ``max_rows`` rows (root
     included: the static engine's largest bucket). Returns the number of nodes added."""
+    return len(_merge(builder, proposal, max_rows))
+
+
+def _merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None, apply: bool = True) -> list[int]:
+    """:func:`merge`; returns the proposal indices of the nodes it adds, in order. ``apply=False``
+    changes nothing: it says which nodes a merge would add."""
     children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(builder.parent, builder.tokens)) if i}
     where: list[int | None] = []
-    added = 0
-    for parent, token, logq in zip(proposal.parents, proposal.tokens, proposal.logprobs):
+    added: list[int] = []
+    size = len(builder.tokens)
+    for i, (parent, token, logq) in enumerate(zip(proposal.parents, proposal.tokens, proposal.logprobs)):
         at = 0 if parent < 0 else where[parent]
         if at is None or at in builder.child_q:
             where.append(None)
             continue
         node = children.get((at, token))
-        if node is None and max_rows is not None and len(builder.tokens) >= max_rows:
+        if node is None and max_rows is not None and size >= max_rows:
             where.append(None)  # (best-first: what is left is less likely, and its subtree goes too)
             continue
         if node is None:
-            node = builder.add(at, token, logq)
+            node = builder.add(at, token, logq) if apply else size
+            size += 1
             children[(at, token)] = node
-            added += 1
+            added.append(i)
         where.append(node)
     return added
+
+
+def trim_merged(builder: TreeBuilder, proposal: Proposal, cost: CostProfile, max_rows: int | None = None) -> Proposal:
+    """The best-first prefix of ``proposal`` whose :func:`merge` into ``builder`` (the draft
+    model's tree) maximises expected committed tokens per unit of verify cost. The tree's own nodes
+    are rows already paid for and their path probabilities (the draft model's, capped at 1) the
+    round's expected tokens so far; a text node the tree already has adds neither a row nor a gain;
+    each node the merge would add costs a row and gains its text path probability. A merge decides
+    each node from the nodes before it only, so merging the returned prefix adds exactly the
+    first chosen nodes of the whole proposal's merge. ``builder`` is not changed."""
+    added = _merge(builder, proposal, max_rows, apply=False)
+    if not added:
+        return proposal
+    base = 1.0 + sum(min(1.0, math.exp(lq)) for lq in builder.cum_logq[1:])
+    paths = proposal.path_probs()
+    keep = choose_budget(cost, [paths[i] for i in added], base=base, rows=len(builder))
+    return proposal if keep == len(added) else proposal.head(added[keep])

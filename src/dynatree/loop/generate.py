@@ -192,11 +192,19 @@ def generate(
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
-        if streaming is None and len(models) > 1 and policy.wants_cost_model():  # (no draft model: no tree budget)
-            from dynatree.core.costmodel import profile_for  # the tree budget from the measured verify cost
+        # The tree budget from the measured verify cost: the policy's (no draft model: no policy
+        # budget) and the source's own (the text's proposal is cut to what pays for its rows).
+        policy_cost = len(models) > 1 and policy.wants_cost_model()
+        source_cost = source is not None and source.wants_cost_model()
+        if streaming is None and (policy_cost or source_cost):
+            from dynatree.core.costmodel import profile_for
 
-            policy.use_cost_model(profile_for(target_kv, target, options.engine, options.compile, lazy_head,
-                                              options.buckets, options.cpu_linear, log=notice))
+            profile = profile_for(target_kv, target, options.engine, options.compile, lazy_head,
+                                  options.buckets, options.cpu_linear, log=notice)
+            if policy_cost:
+                policy.use_cost_model(profile)
+            if source_cost:
+                source.use_cost_model(profile)
         recorder = None
         if trace is not None:
             from dynatree.loop.trace import TraceRecorder
