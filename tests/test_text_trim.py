@@ -301,3 +301,25 @@ def test_hybrid_source_gets_the_device_curve() -> None:
     assert HybridDraft.open(TextDraft(model=perturbed(target)), ctx).cost == cpu()
     assert HybridDraft.open(TextDraft(model=perturbed(target), trim=False), ctx).cost is None
     assert SuffixDraft.open(None, ctx).cost == cpu()
+
+
+# ------------------------------------------------------------------------------- the bench
+def test_bench_specs_pass_text_trim_to_the_text_draft() -> None:
+    from dynatree.bench.runner import draft_for
+    from dynatree.bench.specs import parse_strategies
+
+    text, full, hybrid, plain = parse_strategies(
+        "dynatree:source=text@t,dynatree:source=text:text_trim=false@tf,dynatree:source=hybrid:text_trim=false@hf,"
+        "dynatree:source=text@p2", ensure_autoregressive=False)
+    model = tiny_model("llama", seed=2)
+    assert draft_for(text, model) is None  # the library's default TextDraft (trim on)
+    assert draft_for(full, model) == TextDraft(trim=False)
+    h = draft_for(hybrid, model)
+    assert isinstance(h, TextDraft) and h.model is model and h.trim is False
+    assert full.config["text_trim"] is False and "text_trim" not in text.config
+    assert "text_trim" not in full.policy_options
+    for bad, msg in (("dynatree:text_trim=false", "needs source=text"),
+                     ("dynatree:source=model:text_trim=false", "needs source=text"),
+                     ("dynatree:source=text:text_trim=3", "true or false")):
+        with pytest.raises(DynaTreeError, match=msg):
+            parse_strategies(bad)

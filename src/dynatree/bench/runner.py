@@ -181,9 +181,13 @@ def run_engine(
 
 def draft_for(spec: StrategySpec, draft: torch.nn.Module | None) -> Any:
     """What ``generate`` gets as its draft for ``spec``: the model, None (the text alone), or both
-    in one tree (:class:`~dynatree.drafts.suffix.TextDraft` wrapping the model)."""
+    in one tree (:class:`~dynatree.drafts.suffix.TextDraft` wrapping the model). A spec's
+    ``text_trim`` becomes ``TextDraft(trim=...)``."""
+    text = {"trim": spec.run["text_trim"]} if "text_trim" in spec.run else {}
     if spec.source == "hybrid":
-        return TextDraft(model=draft)
+        return TextDraft(model=draft, **text)
+    if spec.source == "text":
+        return TextDraft(**text) if text else None
     return draft if spec.source == "model" else None
 
 

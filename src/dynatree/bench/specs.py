@@ -12,9 +12,11 @@ Syntax (one string, as given to ``--strategies``)::
   ``true``/``false``, strings), plus *run* options that override the bench's settings for
   this spec only: ``engine=hf|static``, ``compile=true|false``, ``cpu_linear=true|false`` and
   ``source=model|text|hybrid`` (what drafts: the draft model, the text itself with no model, or
-  both in one tree). They let one run measure a strategy on both engines, or from every source,
-  side by side, e.g. ``dynatree:engine=static:compile=true@dynatree-compiled`` or
-  ``dynatree:source=hybrid@dynatree-hybrid``. Without ``source`` a spec drafts with the model, or
+  both in one tree), and with ``source=text|hybrid`` ``text_trim=true|false`` (whether the text's
+  proposal is cut to what pays for its verify rows, ``TextDraft.trim``; default true). They let
+  one run measure a strategy on both engines, or from every source, side by side, e.g.
+  ``dynatree:engine=static:compile=true@dynatree-compiled``,
+  ``dynatree:source=hybrid@dynatree-hybrid`` or ``dynatree:source=text:text_trim=false@text-full``. Without ``source`` a spec drafts with the model, or
   from the text when the bench has no draft model (``--draft none``);
 * ``@LABEL`` names the row in tables; without it the label is the spec text itself, so
   ``linear:k=5,linear:k=8`` gives two distinct rows. Two specs with the same label are refused.
@@ -49,7 +51,7 @@ HF_ASSISTED_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", 
 #: ``generate`` arguments of prompt lookup, with HF's defaults written out (HF's docs use 10 tokens).
 HF_PROMPT_LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 # Options that choose how a strategy runs (engine.generate arguments), not how its policy drafts.
-RUN_OPTIONS = ("engine", "compile", "cpu_linear", "source")
+RUN_OPTIONS = ("engine", "compile", "cpu_linear", "source", "text_trim")
 ENGINES = ("hf", "static")
 #: What drafts a tree: the draft model, the text itself (a suffix index, no model), or both merged.
 SOURCES = ("model", "text", "hybrid")
@@ -92,9 +94,11 @@ class StrategySpec:
                 raise DynaTreeError(f"'{where}': autoregressive drafts nothing; it takes no source option")
             if "engine" in run and run["engine"] not in ENGINES:
                 raise DynaTreeError(f"'{where}': engine must be one of {', '.join(ENGINES)}, got {run['engine']!r}")
-            for flag in ("compile", "cpu_linear"):
+            for flag in ("compile", "cpu_linear", "text_trim"):
                 if flag in run and not isinstance(run[flag], bool):
                     raise DynaTreeError(f"'{where}': {flag} must be true or false, got {run[flag]!r}")
+            if "text_trim" in run and run.get("source") not in ("text", "hybrid"):
+                raise DynaTreeError(f"'{where}': text_trim needs source=text or source=hybrid (it cuts the text's trees)")
         if self.name == HF_ASSISTED:
             unknown = sorted(set(self.options) - set(HF_ASSISTED_OPTIONS))
             if unknown:
@@ -146,7 +150,7 @@ class StrategySpec:
 
     @property
     def run(self) -> dict[str, Any]:
-        """The user-given run options (engine/compile/cpu_linear overrides)."""
+        """The user-given run options (engine/compile/cpu_linear/source/text_trim overrides)."""
         return {k: v for k, v in self.options.items() if k in RUN_OPTIONS}
 
     @property
