@@ -236,7 +236,9 @@ def test_no_assistant_model_drafts_from_the_text_and_equals_hf_greedy(route: str
         {"custom_generate": str(REPO), "trust_remote_code": True}
     out = target.generate(ids, max_new_tokens=60, eos_token_id=None, pad_token_id=0, **extra)
     assert torch.equal(out, ref)
-    assert out.stats.strategy == "dynatree" and out.stats.num_rounds < 60  # the text drafted
+    # the text drafted (the tiny model rarely continues what it repeats, so the cut of the text's
+    # proposal to what pays for its rows soon drafts nothing: count drafted nodes, not rounds saved)
+    assert out.stats.strategy == "dynatree" and sum(r.drafted for r in out.stats.rounds) > 0
 
 
 def test_an_unrecognised_hf_call_is_one_line_not_a_silent_loss(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,12 +90,15 @@ def test_merge_shares_agreeing_nodes_and_skips_sampled_parents() -> None:
 
 
 def test_a_broken_index_commit_drafts_worse(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Control: the acceptance the text source earns comes from indexing what was committed."""
+    """Control: the acceptance the text source earns comes from indexing what was committed. (The
+    whole proposals: cut to what pays for their rows, the text of a tiny random model drafts next to
+    nothing, tests/test_text_trim.py.)"""
     target = tiny_model("llama", seed=1)
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
-    good = generate(target, None, ids, max_new_tokens=120, eos_token_id=[])  # (the tiny model's output loops)
+    whole = TextDraft(trim=False)
+    good = generate(target, whole, ids, max_new_tokens=120, eos_token_id=[])  # (the tiny model's output loops)
     monkeypatch.setattr(SuffixDraft, "commit", lambda self, tree, accepted, bonus, features=None: None)
-    bad = generate(target, None, ids, max_new_tokens=120, eos_token_id=[])
+    bad = generate(target, whole, ids, max_new_tokens=120, eos_token_id=[])
     assert torch.equal(good.sequences, bad.sequences)  # exact either way...
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731
     assert accepted(good) > accepted(bad)  # ...but only the full index drafts well
@@ -115,9 +118,11 @@ def test_a_hybrid_tree_fits_the_static_engine_s_largest_bucket() -> None:
 
 @pytest.mark.parametrize("source", ["text", "hybrid"])
 def test_text_sources_under_kv_eviction_equal_autoregressive_under_the_same_eviction(source: str) -> None:
-    """`--kv-window` with the CLI's default (--text): exact against AR with the same eviction."""
+    """`--kv-window` with the CLI's default (--text): exact against AR with the same eviction. (The
+    whole proposals, so that text trees are verified under eviction: cut, the tiny model's text
+    drafts next to nothing; the cut keeps a prefix of the same trees.)"""
     target = tiny_model("llama", seed=1)
-    draft = None if source == "text" else TextDraft(model=perturbed(target, noise=0.05))
+    draft = TextDraft(trim=False) if source == "text" else TextDraft(model=perturbed(target, noise=0.05), trim=False)
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
     run = dict(max_new_tokens=60, eos_token_id=[], kv_window=48, engine="hf")
     out = generate(target, draft, ids, **run)

@@ -2,8 +2,9 @@
 
 Pure functions on fake cost curves (flat keeps everything, steep cuts the low-probability tail),
 the validity of what is kept (a best-first prefix: every parent before its child) with a control
-that a cut dropping parents is caught, the hybrid merge's cut (the model's nodes are rows already
-paid for), the wiring (default curve per device, a measured profile wins, ``trim=False`` is the old
+that a cut dropping parents is caught, the calibration of the text's probabilities by the
+acceptance it earns (with a control that a source that never learns keeps drafting what the
+target rejects), the hybrid merge's cut (the model's nodes are rows already paid for), the wiring (default curve per device, a measured profile wins, ``trim=False`` is the old
 behaviour, the bench's ``text_trim`` option), and greedy exactness with the cut on. No clock.
 """
 
@@ -21,7 +22,7 @@ from dynatree import tuning
 from dynatree.core import costmodel
 from dynatree.core.costmodel import CostProfile, choose_budget
 from dynatree.core.tree import TreeBuilder, validate
-from dynatree.drafts.suffix import HybridDraft, SuffixDraft, TextDraft, merge, trim, trim_merged
+from dynatree.drafts.suffix import HybridDraft, StepAcceptance, SuffixDraft, TextDraft, gains, merge, trim, trim_merged
 from dynatree.drafts.suffix_index import Proposal, SuffixIndex
 from dynatree.errors import DynaTreeError
 
@@ -165,6 +166,75 @@ def test_choose_budget_counts_what_the_tree_already_holds() -> None:
     for bad in ({"base": 0.0}, {"base": math.inf}, {"rows": 0}, {"rows": 1.5}):
         with pytest.raises(DynaTreeError):
             choose_budget(steep(), gains, **bad)
+
+
+# ----------------------------------------------------------------------- the calibration
+def test_step_acceptance_counts_steps_taken_over_steps_offered() -> None:
+    chain = proposal([-1, 0, 1, 2], [1.0, 1.0, 1.0, 1.0])
+    a = StepAcceptance(decay=0.5)
+    assert a.rate == 1.0  # a fresh request trusts the counts
+    a.learn(chain, [10, 11, 99])  # two steps taken, the third offered and refused
+    assert (a.successes, a.exposure) == (0.5 + 2, 0.5 + 3) and a.rate == pytest.approx(2.5 / 3.5)
+    a.learn(chain, [99])  # a plain step (the round cut to nothing) still tells about the first level
+    assert (a.successes, a.exposure) == (1.25, 2.75)
+    a.learn(chain, [10, 11, 12, 13, 14])  # the whole chain taken: the bonus after it is offered nothing
+    assert (a.successes, a.exposure) == (0.625 + 4, 1.375 + 4)
+    fan = proposal([-1, -1, 1], [0.6, 0.3, 0.5])  # two children offered at 0.9 together, the second taken
+    b = StepAcceptance(decay=0.0)
+    b.learn(fan, [11, 12])
+    assert (b.successes, b.exposure) == pytest.approx((2, 0.9 + 0.5))
+    assert b.rate == 1.0  # (clipped: the text is never trusted beyond its own counts)
+    b.learn(fan, [42])
+    assert b.rate == 0.01  # nothing taken: the floor, not zero (the gains stay positive)
+    b.learn(Proposal(), [5, 6])  # an empty proposal offers nothing, and teaches nothing
+    assert (b.successes, b.exposure) == pytest.approx((0.0, 0.9)) and b.rate == 0.01
+    with pytest.raises(DynaTreeError, match="decay"):
+        StepAcceptance(decay=1.0)
+
+
+def test_the_rate_decides_how_deep_a_confident_looking_chain_goes() -> None:
+    """Sixteen nodes the counts call certain: the raw gains keep them all; a source whose steps
+    are taken half the time keeps a few; one whose steps are taken 9 times in 10 goes deep."""
+    chain = proposal(list(range(-1, 15)), [1.0] * 16)
+    assert gains(chain, 0.5)[:3] == pytest.approx([0.5, 0.25, 0.125]) and gains(chain) == [1.0] * 16
+    assert len(trim(chain, cpu())) == 16
+    assert 1 <= len(trim(chain, cpu(), rate=0.5)) <= 3
+    assert len(trim(chain, cpu(), rate=0.9)) == 16
+    assert len(trim(chain, cpu(), rate=0.2)) == 0
+
+
+def test_control_a_source_that_never_learns_keeps_drafting_what_is_rejected(monkeypatch) -> None:
+    """The tiny model's output is not what its prompt repeats: calibrated, the cut stops drafting
+    the text's certain-looking chains; with the calibration broken (learn does nothing) it keeps
+    drafting them whole."""
+    target = tiny_model("llama", seed=1)
+    g = torch.Generator().manual_seed(2)
+    block = torch.randint(2, VOCAB, (12,), generator=g)
+    ids = torch.cat([block, block, block[:5]]).tolist()
+
+    def nodes_per_round() -> float:
+        r = dynatree.generate(target, TextDraft(), ids, max_new_tokens=60, eos_token_id=[])
+        return sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds
+
+    learning = nodes_per_round()
+    monkeypatch.setattr(StepAcceptance, "learn", lambda self, proposal, committed: None)
+    assert nodes_per_round() > 2 * learning + 1
+
+
+def test_hybrid_learns_from_every_round_s_whole_proposal(monkeypatch) -> None:
+    """Whoever drafted, the committed tokens are the target's: the hybrid source calibrates on
+    every round, with the proposal as it was before the cut."""
+    seen: list[tuple[int, list[int]]] = []
+    real = StepAcceptance.learn
+    monkeypatch.setattr(StepAcceptance, "learn", lambda self, p, committed: (seen.append((len(p), list(committed))),
+                                                                             real(self, p, committed)))
+    target = tiny_model("llama", seed=1)
+    events = []
+    r = dynatree.generate(target, TextDraft(model=perturbed(target, noise=0.05), confident=1e9),
+                          uncertain_prompt(), max_new_tokens=30, eos_token_id=[], on_round=events.append)
+    assert len(seen) == r.stats.num_rounds
+    assert [c for _, c in seen][:-1] == [e.tokens for e in events][:-1]  # (the last round may be cut short)
+    assert any(n > 0 for n, _ in seen)
 
 
 # ---------------------------------------------------------------------- the hybrid's cut

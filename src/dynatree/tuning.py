@@ -74,6 +74,14 @@ TEXT_COST_CURVE: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
     "cpu": ((1, 2, 4, 9, 17), (1.0, 1.5, 1.6, 2.5, 2.85)),
     "cuda": ((1, 2), (1.0, 1.0)),
 }
+#: Memory of the per-step acceptance rate that calibrates the text's path probabilities before the
+#: cut (``drafts.suffix.StepAcceptance``): each round's evidence decays by this factor, ~8 rounds,
+#: the window DynaTree's own calibration averages over. ``benchmarks/suffix/trim_replay.py`` (the
+#: text source replayed on the twelve recorded instruct outputs, no back-off, the CPU curve above
+#: as the cost): the modeled verify cost per committed token fell from 0.653 one-row steps
+#: (whole proposals; 0.644 cut on raw probabilities) to 0.538 (chat 1.15 -> 0.81, rewrite 0.261 ->
+#: 0.265); decays 0.8 / 0.9 / 0.95 gave 0.521 / 0.542 / 0.546.
+TEXT_CALIBRATION_DECAY = 0.875
 
 # --------------------------------------------------------------------------- the back-off
 #: ``Backoff``: speculate while its measured rate is at least this share of plain decoding's; the

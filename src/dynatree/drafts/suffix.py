@@ -9,13 +9,16 @@
   into it under one root, sharing the nodes the two agree on.
 
 Both cut the text's proposal to the best-first prefix that maximises expected committed tokens per
-unit of verify cost (:func:`trim`, with ``TextDraft(trim=True)``, the default): the proposal's
-path probabilities are the gains, the cost curve is the target's measured profile when the cost
-model is on (``DYNATREE_COST_MODEL=on``) and otherwise a default relative curve for the device
-(``tuning.TEXT_COST_CURVE``). On a CPU, where a verify of 17 rows costs ~3 plain steps, an unsure
-proposal's low-probability tail (or all of it) is dropped; a confident one stays deep; on a GPU,
-where rows are nearly free, nothing is cut. In a hybrid round the text nodes merged into the
-model's tree are cut by the same rule, the model's nodes counting as rows already paid for.
+unit of verify cost (:func:`trim`, with ``TextDraft(trim=True)``, the default). The gains are the
+proposal's path probabilities, calibrated by :class:`StepAcceptance`: count ratios call a
+continuation seen once certain, and on the instruct sets the raw path probabilities promised 4.5-6x
+the tokens chat and math prompts accepted, so uncalibrated they cut almost nothing. The cost curve
+is the target's measured profile when the cost model is on (``DYNATREE_COST_MODEL=on``) and
+otherwise a default relative curve for the device (``tuning.TEXT_COST_CURVE``). On a CPU, where a
+verify of 17 rows costs ~3 plain steps, an unsure proposal's tail (or all of it) is dropped and a
+confident one stays deep; on a GPU, where rows are nearly free, nothing is cut. In a hybrid round
+the text nodes merged into the model's tree are cut by the same rule, the model's nodes counting
+as rows already paid for.
 
 Suffix children are deterministic proposals (chosen by counts, not drawn), which lossless sampling
 verifies with q = 1, so both sources are exact at any temperature. Text nodes are never attached
@@ -55,8 +58,9 @@ class TextDraft:
     proposal's probability floor and depth cap ``min(max_spec, ceil(alpha * match_len))``;
     ``confident``: with a model, the expected accepted length (sum of the proposal's path
     probabilities) from which the model sits the round out; ``trim``: cut each round's text
-    nodes to the count that maximises expected committed tokens per unit of verify cost
-    (:func:`trim`; False: always up to ``budget`` nodes, as before the cut existed);
+    nodes to the count that maximises expected committed tokens per unit of verify cost, the
+    path probabilities calibrated by the acceptance the text has earned so far (:func:`trim`,
+    :class:`StepAcceptance`; False: always up to ``budget`` nodes, as before the cut existed);
     ``cache``: a :class:`SuffixCache` shared across requests (chat turns, the prompts of a bench
     run), or None.
     """
@@ -91,15 +95,66 @@ class TextDraft:
         return CostProfile(rows, cost, meta={"source": f"tuning.TEXT_COST_CURVE[{device!r}]"})
 
 
-def trim(proposal: Proposal, cost: CostProfile, base: float = 1.0, rows: int = 1) -> Proposal:
+class StepAcceptance:
+    """How often the target takes the text's next token, relative to the text's own estimate.
+
+    Model: a node at depth d is accepted with probability ``min(1, path probability * rate^d)``,
+    i.e. every step down the tree is taken with the proposal's conditional probability times a
+    per-step ``rate``. The estimate of ``rate`` is successes over exposure: walking each round's
+    *whole* proposal (before any cut) down the tokens the round committed (all of them the
+    target's own), every node reached with its next token known adds the summed conditional
+    probabilities of its children to the exposure, and a child equal to that token one success.
+    Both are decayed by ``decay`` per round that offered a step (a memory of ~1 / (1 - decay) such
+    rounds) on top of one pseudo-step at rate 1, so a fresh request trusts the counts until it has
+    seen otherwise. The whole proposal is walked so that a round cut to nothing (a plain step)
+    still teaches: its bonus token says whether the first level would have been taken.
+    """
+
+    def __init__(self, decay: float = tuning.TEXT_CALIBRATION_DECAY) -> None:
+        check(0.0 <= decay < 1.0, "decay", "a number in [0, 1)", decay)
+        self.decay = decay
+        self.successes, self.exposure = 1.0, 1.0
+
+    @property
+    def rate(self) -> float:
+        return min(max(self.successes / self.exposure, 0.01), 1.0)
+
+    def learn(self, proposal: Proposal, committed: Sequence[int]) -> None:
+        kids: dict[int, list[int]] = {}
+        for i, parent in enumerate(proposal.parents):
+            kids.setdefault(parent, []).append(i)
+        node, successes, exposure = -1, 0, 0.0
+        for token in committed:
+            children = kids.get(node)
+            if not children:
+                break
+            exposure += sum(math.exp(proposal.logprobs[c]) for c in children)
+            node = next((c for c in children if proposal.tokens[c] == token), -2)
+            if node == -2:
+                break
+            successes += 1
+        if exposure > 0:  # (a round that offered nothing, an empty proposal, says nothing)
+            self.successes = self.decay * self.successes + successes
+            self.exposure = self.decay * self.exposure + exposure
+
+
+def gains(proposal: Proposal, rate: float = 1.0) -> list[float]:
+    """Each node's expected gain: its path probability times ``rate`` per level, at most 1."""
+    if rate == 1.0:
+        return proposal.path_probs()
+    return [min(1.0, p * rate ** d) for p, d in zip(proposal.path_probs(), proposal.depths())]
+
+
+def trim(proposal: Proposal, cost: CostProfile, base: float = 1.0, rows: int = 1, rate: float = 1.0) -> Proposal:
     """The best-first prefix of ``proposal`` that maximises expected committed tokens per unit of
-    verify cost: ``(base + sum of the first n path probabilities) / cost(rows + n)``
+    verify cost: ``(base + sum of the first n gains) / cost(rows + n)``, the gains being the path
+    probabilities calibrated by ``rate`` (:func:`gains`, :class:`StepAcceptance`)
     (:func:`~dynatree.core.costmodel.choose_budget`; the smallest such n on ties). ``base`` and
     ``rows``: what the round already holds (a bare root: 1 expected token, 1 row). A prefix of a
     best-first proposal is a valid tree (parents come before their children)."""
     if not len(proposal):
         return proposal
-    return proposal.head(choose_budget(cost, proposal.path_probs(), base=base, rows=rows))
+    return proposal.head(choose_budget(cost, gains(proposal, rate), base=base, rows=rows))
 
 
 class SuffixDraft(DraftSource):
@@ -124,6 +179,8 @@ class SuffixDraft(DraftSource):
         self.config = config
         self.cost = cost if config.trim else None  # None: every proposal is kept whole
         self.text = config.index()
+        self.acceptance = StepAcceptance()
+        self._proposal: Proposal | None = None  # this round's whole proposal, for the calibration
 
     def wants_cost_model(self) -> bool:
         return self.config.trim
@@ -136,13 +193,17 @@ class SuffixDraft(DraftSource):
         self.text.start(list(prompt))
 
     def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
-        proposal = self.text.propose(self.config.budget)
+        proposal = self._proposal = self.text.propose(self.config.budget)
         if self.cost is not None:
-            proposal = trim(proposal, self.cost)
+            proposal = trim(proposal, self.cost, rate=self.acceptance.rate)
         proposal.add_to(builder)
 
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        self.text.commit(committed_tokens(tree, list(accepted), bonus))
+        tokens = committed_tokens(tree, list(accepted), bonus)
+        if self._proposal is not None and self.cost is not None:
+            self.acceptance.learn(self._proposal, tokens)
+        self._proposal = None  # (a plain step the back-off took drafted nothing)
+        self.text.commit(tokens)
 
     def finish(self) -> None:
         self.text.finish()  # into the cross-request cache, when there is one
@@ -179,6 +240,8 @@ class HybridDraft(DraftSource):
         self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
         self.wants_features = model.wants_features  # type: ignore[misc]
         self.text = config.index()
+        self.acceptance = StepAcceptance()
+        self._proposal: Proposal | None = None  # this round's whole text proposal, for the calibration
         self._called = False  # whether the model drafted this round
 
     def wants_cost_model(self) -> bool:
@@ -197,20 +260,25 @@ class HybridDraft(DraftSource):
         self.model.prefill(prompt, features)
 
     def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
-        proposal = self.text.propose(self.config.budget)
+        proposal = self._proposal = self.text.propose(self.config.budget)
         self._called = proposal.score < self.config.confident
+        rate = self.acceptance.rate
         if self._called:  # the text is unsure: the model drafts, the text joins in
             self.model.draft(builder, policy)
             if self.cost is not None:
-                proposal = trim_merged(builder, proposal, self.cost, self.max_rows)
+                proposal = trim_merged(builder, proposal, self.cost, self.max_rows, rate)
             merge(builder, proposal, self.max_rows)
         else:
             if self.cost is not None:
-                proposal = trim(proposal, self.cost)
+                proposal = trim(proposal, self.cost, rate=rate)
             proposal.add_to(builder)
 
     def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        self.text.commit(committed_tokens(tree, list(accepted), bonus))
+        tokens = committed_tokens(tree, list(accepted), bonus)
+        if self._proposal is not None and self.cost is not None:
+            self.acceptance.learn(self._proposal, tokens)  # (the committed tokens are the target's, whoever drafted)
+        self._proposal = None
+        self.text.commit(tokens)
         self.model.commit(tree, accepted, bonus, features)
 
     def finish(self) -> None:
@@ -257,18 +325,20 @@ def _merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None, apply
     return added
 
 
-def trim_merged(builder: TreeBuilder, proposal: Proposal, cost: CostProfile, max_rows: int | None = None) -> Proposal:
+def trim_merged(builder: TreeBuilder, proposal: Proposal, cost: CostProfile, max_rows: int | None = None,
+                rate: float = 1.0) -> Proposal:
     """The best-first prefix of ``proposal`` whose :func:`merge` into ``builder`` (the draft
     model's tree) maximises expected committed tokens per unit of verify cost. The tree's own nodes
     are rows already paid for and their path probabilities (the draft model's, capped at 1) the
     round's expected tokens so far; a text node the tree already has adds neither a row nor a gain;
-    each node the merge would add costs a row and gains its text path probability. A merge decides
+    each node the merge would add costs a row and gains its text path probability calibrated by
+    ``rate`` (:func:`gains`). A merge decides
     each node from the nodes before it only, so merging the returned prefix adds exactly the
     first chosen nodes of the whole proposal's merge. ``builder`` is not changed."""
     added = _merge(builder, proposal, max_rows, apply=False)
     if not added:
         return proposal
     base = 1.0 + sum(min(1.0, math.exp(lq)) for lq in builder.cum_logq[1:])
-    paths = proposal.path_probs()
-    keep = choose_budget(cost, [paths[i] for i in added], base=base, rows=len(builder))
+    node_gains = gains(proposal, rate)
+    keep = choose_budget(cost, [node_gains[i] for i in added], base=base, rows=len(builder))
     return proposal if keep == len(added) else proposal.head(added[keep])

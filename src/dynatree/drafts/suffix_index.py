@@ -107,6 +107,13 @@ class Proposal:
             out.append((1.0 if parent < 0 else out[parent]) * math.exp(logq))
         return out
 
+    def depths(self) -> list[int]:
+        """Each node's depth below the context's last token (its children have depth 1)."""
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(1 if parent < 0 else out[parent] + 1)
+        return out
+
     def head(self, n: int) -> Proposal:
         """The first ``n`` nodes as a proposal of their own (a valid tree: parents come first)."""
         n = max(0, min(int(n), len(self.tokens)))
