@@ -18,7 +18,8 @@ fake curves; only :func:`measure` touches a clock.
 
 Cache folder: ``$DYNATREE_CACHE_DIR/costmodel`` if the variable is set, else the platform's user
 cache dir (``platformdirs``). Profiling is opt-in: ``DYNATREE_COST_MODEL=on`` (otherwise policies
-use their fixed per-device budget).
+use their fixed per-device budget, and the text source cuts its proposals against a default
+relative curve, ``tuning.TEXT_COST_CURVE``).
 """
 
 from __future__ import annotations
