@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dynatree import DynaTreeError
+from dynatree import DynaTreeError, EngineOptions
 from dynatree.integrations import chat
 from dynatree.integrations.chat import ChatSession, chat_eos, chat_prompt
 from dynatree.cli import app
@@ -91,7 +91,8 @@ def test_a_reply_length_with_no_room_left_is_refused_up_front(small) -> None:
                                "model's 64 positions: use max_new_tokens (--max-new-tokens) of at most 60")
     with pytest.raises(DynaTreeError, match="of at most 63$"):
         ChatSession(target, None, tok, "autoregressive", max_new_tokens=10**9)
-    unlimited = ChatSession(target, draft, tok, "linear", max_new_tokens=60, k=3, kv_window=16)
+    unlimited = ChatSession(target, draft, tok, "linear", max_new_tokens=60, k=3,
+                            options=EngineOptions(kv_window=16))
     assert unlimited.room is None  # KV eviction: any length fits
 
 

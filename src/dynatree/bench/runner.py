@@ -44,9 +44,10 @@ from dynatree.loop.generate import check_positions, generate
 from dynatree.loop.precompile import precompile
 from dynatree.runtime.engines import resolve as resolve_options
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions
+from dynatree.options import EngineOptions, StoppingConfig
+from dynatree.core.sampling import SamplingConfig
 from dynatree.policies import make_policy
-from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, HF_NAMES, HF_PROMPT_LOOKUP, StrategySpec
+from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_NAMES, HF_PROMPT_LOOKUP, StrategySpec
 from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
 from dynatree.bench.sysinfo import library_versions, machine_info, peak_memory_mb, provenance, reset_peak_memory
 
@@ -167,9 +168,9 @@ def run_engine(
         list(prompt.ids),
         policy,
         max_new_tokens=max_new_tokens,
-        eos_token_id=_eos(settings),
+        stopping=StoppingConfig(eos_token_id=_eos(settings)),
         seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees
-        temperature=settings.temperature,
+        sampling=SamplingConfig(temperature=settings.temperature),
         options=spec.engine_options(settings.engine_options()),
     )
     d = result.stats.to_dict()
