@@ -59,7 +59,7 @@ from dynatree.runtime.engines import resolve as resolve_options
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.core.sampling import SamplingConfig
-from dynatree.policies import make_policy
+from dynatree.policies import DraftPolicy, make_policy
 from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_NAMES, HF_PROMPT_LOOKUP, StrategySpec
 from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
 from dynatree.bench.sysinfo import library_versions, machine_info, peak_memory_mb, provenance, reset_peak_memory
@@ -232,10 +232,10 @@ def _history(prompts: Sequence[Prompt]) -> list[str]:
     return out
 
 
-def cost_model_fields(policy: Any, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def cost_model_fields(policy: DraftPolicy, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The verify-cost profile a policy sized its trees from and the mean budget it chose (nodes
     per round); empty for a policy with a pinned budget."""
-    profile = getattr(policy, "cost_profile", None)
+    profile = policy.cost_profile
     budgets = [r["policy_state"]["budget"] for r in per_round if "budget" in (r.get("policy_state") or {})]
     if profile is None or not budgets:
         return {}
