@@ -17,22 +17,8 @@ from dynatree.loop import precompile as precompile_mod
 from dynatree.runtime import engines
 from dynatree.bench import runner as runner_mod
 from dynatree.cli import app
-from tiny import perturbed, tiny_model
-from tiny_tok import VOCAB, tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model("llama", 0, vocab=VOCAB)
-    for name, model in (("target", target), ("draft", perturbed(target))):
-        model.save_pretrained(root / name)
-        tiny_tokenizer().save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
-
-
-def error_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("error:")]
+from cli_helpers import error_lines
+from tiny import tiny_model
 
 
 HUGE = 10**9

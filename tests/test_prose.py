@@ -64,3 +64,15 @@ def test_a_dropped_paragraph_ends_a_run() -> None:
     a, b = (LICENCE.format(n) for n in "AB")
     assert prose.prose_runs(f"{a}\n\nshort heading\n\n{b}") == [[a], [b]]
     assert prose.prose_runs(f"{a}\n\n{b}") == [[a, b]]
+
+
+def test_blocks_of_joins_by_the_callers_rule_and_cuts_long_paragraphs() -> None:
+    """One block cutter, two tests for hard-wrapped prose: a column-aligned table is joined by the
+    training data's rule (no indented line) but kept by the bench's stricter one."""
+    text = "Title\n=====\n\nname    value\nalpha   1\n\ngrammar ::= rule\n\n    if x:\n        y = 1"
+    assert prose.blocks_of(text, 1000, prose.is_unindented) == ["Title", "name value alpha 1", "if x:\n    y = 1"]
+    assert prose.blocks_of(text, 1000, prose.is_wrapped_prose) == ["Title", "name    value\nalpha   1",
+                                                                   "if x:\n    y = 1"]
+    long = " ".join(f"Sentence number {i} is here." for i in range(20))
+    parts = prose.blocks_of(long, 200, prose.is_unindented)
+    assert len(parts) > 1 and " ".join(parts) == long and all(len(p) <= 200 for p in parts)

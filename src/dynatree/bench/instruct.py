@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from dynatree.text import corpora
-from dynatree.text.prose import is_heading_block, is_prose_block, passages
+from dynatree.text.prose import (SENTENCE_BREAK, blocks_of, is_heading_block, is_prose_block, is_wrapped_prose,
+                                 passages)
 from dynatree.errors import DynaTreeError
 from dynatree.bench import instruct_text
 from dynatree.bench.instruct_text import Template
@@ -108,66 +109,13 @@ class _Doc:
     blocks: tuple[str, ...]
 
 
-_UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
-_BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")
-_FOOTNOTE = re.compile(r"\s*\[\d+\]")
-_SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(`])")
-_CODE_SYMBOLS = set("=<>{}[]|\\#@$%^~()")  # not _ * ` ": prose names __aiter__ and *terms*
-
-
 _is_heading, _is_prose = is_heading_block, is_prose_block
 
 
-def _wrapped_prose(body: str) -> bool:
-    """A hard-wrapped paragraph (joined onto one line) rather than code, a table or a diagram:
-    no indented line, no column alignment, no line starting with a symbol, few code symbols."""
-    lines = body.splitlines()
-    if ">>>" in body or any(line[:1].isspace() or re.search(r"\S {3,}\S", line) for line in lines):
-        return False
-    if any(not (line[:1].isalnum() or line[:1] in "\"'(*`") for line in lines):
-        return False
-    return sum(ch in _CODE_SYMBOLS for ch in body) <= 0.04 * len(body)
-
-
 def _blocks(text: str) -> list[str]:
-    """Paragraphs of a reference/licence/docstring text: underlined headings become title lines,
-    grammar productions are dropped, prose is joined onto one line, code keeps its lines."""
-    out = []
-    for block in re.split(r"\n[ \t]*\n", text):
-        if not block.strip() or "::=" in block:
-            continue
-        lines = [line for line in block.splitlines() if line.strip()]
-        if any(_UNDERLINE.match(line.strip()) for line in lines):
-            title = " ".join(line.strip() for line in lines if not _UNDERLINE.match(line.strip()))
-            if title:
-                out.append(title)
-            continue
-        body = textwrap.dedent("\n".join(lines)).rstrip()
-        if _wrapped_prose(body):
-            out.append(_BOLD.sub(r"\1", _FOOTNOTE.sub("", " ".join(body.split()))))
-        else:  # code, tables, diagrams, licence headers: their line breaks are part of them
-            out.append(body)
-    return _split_long(out)
-
-
-def _split_long(blocks: list[str]) -> list[str]:
-    """Blocks longer than a passage's target cut at sentence ends (licences have 4,000-character
-    paragraphs), so every passage can start at a block."""
-    out = []
-    limit = TARGET_PASSAGE_CHARS[1]
-    for block in blocks:
-        if len(block) <= limit or "\n" in block:
-            out.append(block)
-            continue
-        part = ""
-        for sentence in _SENTENCE.split(block):
-            if part and len(part) + len(sentence) > limit // 2:
-                out.append(part)
-                part = ""
-            part = f"{part} {sentence}".strip()
-        if part:
-            out.append(part)
-    return out
+    """A document's blocks: prose joined onto one line only where it passes the strict test (code,
+    tables, diagrams and licence headers keep their lines), cut to the passage target."""
+    return blocks_of(text, TARGET_PASSAGE_CHARS[1], is_wrapped_prose)
 
 
 def _stdlib_root() -> Path:
@@ -264,7 +212,7 @@ _COND = re.compile(r"(?:^|[.;:]\s+|,\s+)(If|if|When|when)\s+([^,.;:!?()]{12,110}
 
 
 def _sentences(block: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(block) if s.strip()]
+    return [s.strip() for s in SENTENCE_BREAK.split(block) if s.strip()]
 
 
 def _quotable(sentence: str) -> str | None:

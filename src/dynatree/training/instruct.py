@@ -60,7 +60,7 @@ from torch import nn
 
 from dynatree.errors import DynaTreeError
 from dynatree.text import corpora
-from dynatree.text.prose import is_heading_block, is_prose_block
+from dynatree.text.prose import SENTENCE_BREAK, blocks_of, is_heading_block, is_prose_block, is_unindented
 from dynatree.text.prose import passages as cut_passages
 from dynatree.training import instruct_text as IT
 from dynatree.training.config import DistillConfig
@@ -134,52 +134,12 @@ class Doc:
     blocks: tuple[str, ...]
 
 
-_UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
-_BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")
-_FOOTNOTE = re.compile(r"\s*\[\d+\]")
-_SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(`])")
-
-
 _is_heading, _is_prose = is_heading_block, is_prose_block
 
 
-def blocks_of(text: str) -> list[str]:
-    """Paragraphs of a reference, licence, docstring or article: underlined headings become title
-    lines, grammar productions are dropped, hard-wrapped prose is joined onto one line, indented
-    blocks (code, tables) keep their lines."""
-    out = []
-    for block in re.split(r"\n[ \t]*\n", text):
-        if not block.strip() or "::=" in block:
-            continue
-        lines = [line for line in block.splitlines() if line.strip()]
-        if any(_UNDERLINE.match(line.strip()) for line in lines):
-            title = " ".join(line.strip() for line in lines if not _UNDERLINE.match(line.strip()))
-            if title:
-                out.append(title)
-            continue
-        body = textwrap.dedent("\n".join(lines)).rstrip()
-        if ">>>" in body or any(line[:1].isspace() for line in body.splitlines()):
-            out.append(body)
-        else:
-            out.append(_BOLD.sub(r"\1", _FOOTNOTE.sub("", " ".join(body.split()))))
-    return _split_long(out)
-
-
-def _split_long(blocks: list[str]) -> list[str]:
-    out = []
-    for block in blocks:
-        if len(block) <= PASSAGE_CHARS[1] or "\n" in block:
-            out.append(block)
-            continue
-        part = ""
-        for sentence in _SENTENCE.split(block):
-            if part and len(part) + len(sentence) > PASSAGE_CHARS[1] // 2:
-                out.append(part)
-                part = ""
-            part = f"{part} {sentence}".strip()
-        if part:
-            out.append(part)
-    return out
+def _blocks(text: str) -> list[str]:
+    """A document's blocks: unindented paragraphs joined onto one line, cut to the passage target."""
+    return blocks_of(text, PASSAGE_CHARS[1], is_unindented)
 
 
 def _stdlib_root() -> Path:
@@ -255,19 +215,19 @@ def prose_docs(corpus_names: Sequence[str]) -> list[Doc]:
     family, stdlib module docstrings, and the wiki/books documents when named."""
     docs: list[Doc] = []
     if "pydoc" in corpus_names:
-        docs += [Doc(t.name, "the Python language reference", tuple(blocks_of(t.text)))
+        docs += [Doc(t.name, "the Python language reference", tuple(_blocks(t.text)))
                  for t in sorted(corpora.pydoc_texts(), key=lambda t: t.name)]
     if "licences" in corpus_names:
         newest: dict[str, corpora.Text] = {}
         for text in sorted(corpora.licence_texts(), key=lambda t: t.name):
             newest[_family(text.name)] = text
-        docs += [Doc(t.name, f"the {f.split('/')[-1]} licence", tuple(blocks_of(t.text)))
+        docs += [Doc(t.name, f"the {f.split('/')[-1]} licence", tuple(_blocks(t.text)))
                  for f, t in sorted(newest.items())]
     for module, _, tree in stdlib_modules():
         doc = ast.get_docstring(tree)
         if doc and len(doc.split()) >= MIN_DOCSTRING_WORDS:
             dotted = module[len("stdlib/"):].replace("/", ".")
-            docs.append(Doc(module, f"the documentation of Python's `{dotted}` module", tuple(blocks_of(doc))))
+            docs.append(Doc(module, f"the documentation of Python's `{dotted}` module", tuple(_blocks(doc))))
     for name, words in (("wiki", "a Wikipedia article"), ("books", "a novel")):
         if name in corpus_names:
             docs += [Doc(t.name, words, tuple(b for b in t.text.split("\n\n") if b.strip()))
@@ -313,8 +273,8 @@ def passage_fields(doc: Doc, blocks: Sequence[str]) -> dict[str, Any]:
     """What templates may ask of a passage; a field is None when the passage has no good value."""
     prose = [b for b in blocks if _is_prose(b)]
     passage = "\n\n".join(blocks)
-    sentences = [s.strip() for s in _SENTENCE.split(prose[0]) if s.strip()] if prose else []
-    last_sentences = [s.strip() for s in _SENTENCE.split(prose[-1]) if s.strip()] if prose else []
+    sentences = [s.strip() for s in SENTENCE_BREAK.split(prose[0]) if s.strip()] if prose else []
+    last_sentences = [s.strip() for s in SENTENCE_BREAK.split(prose[-1]) if s.strip()] if prose else []
     words = Counter(w for w in _WORD.findall(passage) if len(w) >= 5 and w.lower() not in _STOP)
     scored = sorted(words.items(), key=lambda kv: (-kv[1] * (3 if re.search(r"[._()]", kv[0]) else 1), kv[0]))
     term, count = next(((w, n) for w, n in scored if n >= 2), (None, None))
