@@ -1,5 +1,6 @@
 """The sources on every machine (pydoc, licences) and the two paragraph filters of dynatree.text.prose:
-one source of text for the bench and distillation, two filters on purpose."""
+one source of text for the bench and distillation, two filters on purpose; and the stdlib function
+cutter of dynatree.text.python_source that both build code requests with."""
 
 from __future__ import annotations
 
@@ -76,3 +77,24 @@ def test_blocks_of_joins_by_the_callers_rule_and_cuts_long_paragraphs() -> None:
     long = " ".join(f"Sentence number {i} is here." for i in range(20))
     parts = prose.blocks_of(long, 200, prose.is_unindented)
     assert len(parts) > 1 and " ".join(parts) == long and all(len(p) <= 200 for p in parts)
+
+
+def test_functions_keep_the_callers_sizes_and_rename_by_the_callers_table() -> None:
+    """One function cutter for the bench's and the training data's code requests: each passes its
+    own size limits and rename table."""
+    import ast
+
+    from dynatree.text import python_source
+
+    source = ("def tiny():\n    return 1\n\n\nclass Box:\n    @staticmethod\n    def fill(items):\n"
+              "        n = 0\n        for x in items:\n            n += x\n        return n\n")
+    tree = ast.parse(source)
+    found = python_source.functions(source, tree, 30, 1000, 10, {"n": "count"})
+    assert [(f.node.name, f.cls) for f in found] == [("fill", "Box")]
+    assert found[0].code.startswith("@staticmethod\ndef fill(items):")
+    assert (found[0].old, found[0].new) == ("n", "count")
+    assert found[0].fields()["kind"] == "method" and found[0].fields()["comments"] is None
+    assert [f.node.name for f in python_source.functions(source, tree, 1, 1000, 10, {})] == ["tiny", "fill"]
+    assert python_source.functions(source, tree, 1, 1000, 5, {})[1:] == []  # fill has 6 lines
+    assert python_source.functions(source, tree, 1, 1000, 10, {})[1].new == "n_value"
+    assert (python_source.stdlib_root() / "ast.py").is_file()

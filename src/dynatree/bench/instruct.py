@@ -43,15 +43,12 @@ import functools
 import random
 import re
 import string
-import sysconfig
-import textwrap
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from dynatree.text import corpora
+from dynatree.text import corpora, python_source
 from dynatree.text.prose import (SENTENCE_BREAK, blocks_of, is_heading_block, is_prose_block, is_wrapped_prose,
                                  passages)
 from dynatree.errors import DynaTreeError
@@ -118,16 +115,12 @@ def _blocks(text: str) -> list[str]:
     return blocks_of(text, TARGET_PASSAGE_CHARS[1], is_wrapped_prose)
 
 
-def _stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 @functools.lru_cache(maxsize=1)
 def _stdlib_modules() -> tuple[tuple[str, str], ...]:
     """(module name, source) of the top-level modules of the standard library, by name; the
     private ``__hello__``-style modules are left out."""
     out = []
-    for path in sorted(_stdlib_root().glob("*.py")):
+    for path in sorted(python_source.stdlib_root().glob("*.py")):
         if path.stem.startswith("__") or path.stem in ("this", "antigravity"):
             continue
         try:
@@ -248,36 +241,9 @@ _RENAMES = {"i": "index", "j": "inner_index", "k": "key", "v": "value", "n": "co
 
 def _functions(module: str, source: str, tree: ast.Module) -> list[dict[str, Any]]:
     """Functions and methods of a module whose source is a copyable size, with their fields."""
-    found: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None]] = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found.append((node, None))
-        elif isinstance(node, ast.ClassDef):
-            found += [(n, node.name) for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    out = []
-    for node, cls in found:
-        start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        lines = source.splitlines()[start - 1:node.end_lineno]
-        code = textwrap.dedent("\n".join(lines)).rstrip()
-        if not (MIN_CODE_CHARS <= len(code) <= MAX_CODE_CHARS) or code.count("\n") + 1 > MAX_CODE_LINES:
-            continue
-        params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
-        stored = Counter(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
-        used = Counter(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
-        local = sorted((name for name in stored if name not in params and not name.startswith("_")),
-                       key=lambda name: (-used[name], name))
-        old = local[0] if local else None
-        new = (_RENAMES.get(old) or f"{old}_value") if old else None
-        if new is not None and new in used:
-            old = new = None
-        formatting = bool(re.search(r"""['"]\s*%\s*[\w(]|\.format\(""", code))
-        out.append({
-            "code": code, "name": node.name, "kind": "method" if cls else "function", "module": module,
-            "cls": cls, "old": old, "new": new,
-            "comments": True if ("#" in code or ast.get_docstring(node)) else None,
-            "formatting": True if formatting else None,
-        })
-    return out
+    return [{**f.fields(), "module": module,
+             "formatting": True if re.search(r"""['"]\s*%\s*[\w(]|\.format\(""", f.code) else None}
+            for f in python_source.functions(source, tree, MIN_CODE_CHARS, MAX_CODE_CHARS, MAX_CODE_LINES, _RENAMES)]
 
 
 # ------------------------------------------------------------------------------------ building

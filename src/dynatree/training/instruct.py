@@ -46,8 +46,6 @@ import os
 import random
 import re
 import string
-import sysconfig
-import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -59,7 +57,7 @@ import torch
 from torch import nn
 
 from dynatree.errors import DynaTreeError
-from dynatree.text import corpora
+from dynatree.text import corpora, python_source
 from dynatree.text.prose import SENTENCE_BREAK, blocks_of, is_heading_block, is_prose_block, is_unindented
 from dynatree.text.prose import passages as cut_passages
 from dynatree.training import instruct_text as IT
@@ -142,10 +140,6 @@ def _blocks(text: str) -> list[str]:
     return blocks_of(text, PASSAGE_CHARS[1], is_unindented)
 
 
-def _stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 #: Left out: tests, installed packages, codec tables (encodings), deprecated or demo packages.
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "__pycache__", "idle_test", "_bundled",
               "encodings", "lib2to3", "distutils", "turtledemo", "idlelib", "__phello__", "pydoc_data"}
@@ -182,7 +176,7 @@ def _stdlib_modules(only: frozenset[str] | None) -> tuple[tuple[str, str, ast.Mo
 
 
 def _read_stdlib(only: frozenset[str] | None) -> tuple[tuple[str, str, ast.Module], ...]:
-    root = _stdlib_root()
+    root = python_source.stdlib_root()
     files = []
     for folder, dirs, names in os.walk(root):  # pruned: site-packages alone holds far more files
         dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
@@ -315,35 +309,13 @@ def _mutate(code: str, rng: random.Random) -> str | None:
 
 
 def functions(module: str, source: str, tree: ast.Module, rng: random.Random) -> list[dict[str, Any]]:
-    """Functions and methods of a module whose source is a copyable size, with their fields."""
-    found: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None]] = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found.append((node, None))
-        elif isinstance(node, ast.ClassDef):
-            found += [(n, node.name) for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    lines_of = source.splitlines()
+    """Functions and methods of a module whose source is a copyable size, with their fields; a
+    :data:`BUGGY_SHARE` of them (drawn from ``rng``) also get a planted bug."""
     out = []
-    for node, cls in found:
-        start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        code = textwrap.dedent("\n".join(lines_of[start - 1:node.end_lineno])).rstrip()
-        if not (MIN_CODE_CHARS <= len(code) <= MAX_CODE_CHARS) or code.count("\n") + 1 > MAX_CODE_LINES:
-            continue
-        params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
-        names = [n for n in ast.walk(node) if isinstance(n, ast.Name)]
-        stored = Counter(n.id for n in names if isinstance(n.ctx, ast.Store))
-        used = Counter(n.id for n in names)
-        local = sorted((x for x in stored if x not in params and not x.startswith("_")), key=lambda x: (-used[x], x))
-        old = local[0] if local else None
-        new = (_RENAMES.get(old) or f"{old}_value") if old else None
-        if new is not None and new in used:
-            old = new = None
-        out.append({
-            "code": code, "buggy": _mutate(code, rng) if rng.random() < BUGGY_SHARE else None, "name": node.name, "kind": "method" if cls else "function",
-            "module": module[len("stdlib/"):].replace("/", "."), "cls": cls, "old": old, "new": new,
-            "loop": True if _LOOP_APPEND.search(code) else None,
-            "comments": True if ("#" in code or ast.get_docstring(node)) else None,
-        })
+    for f in python_source.functions(source, tree, MIN_CODE_CHARS, MAX_CODE_CHARS, MAX_CODE_LINES, _RENAMES):
+        out.append({**f.fields(), "buggy": _mutate(f.code, rng) if rng.random() < BUGGY_SHARE else None,
+                    "module": module[len("stdlib/"):].replace("/", "."),
+                    "loop": True if _LOOP_APPEND.search(f.code) else None})
     return out
 
 
