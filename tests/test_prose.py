@@ -98,3 +98,11 @@ def test_functions_keep_the_callers_sizes_and_rename_by_the_callers_table() -> N
     assert python_source.functions(source, tree, 1, 1000, 5, {})[1:] == []  # fill has 6 lines
     assert python_source.functions(source, tree, 1, 1000, 10, {})[1].new == "n_value"
     assert (python_source.stdlib_root() / "ast.py").is_file()
+
+
+def test_quotable_sentences_are_complete_and_of_a_quotable_length() -> None:
+    text = "The first sentence is long enough to quote. Short one! Is this, the third sentence, quotable?"
+    first, short, third = prose.sentences(text)
+    assert prose.quotable(first) == first and prose.quotable(third) == third
+    assert prose.quotable(short) is None and prose.quotable("Five words but no end") is None
+    assert prose.quotable(" ".join(["word"] * 61) + ".") is None

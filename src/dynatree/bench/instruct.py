@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynatree.text import corpora, python_source
-from dynatree.text.prose import (SENTENCE_BREAK, blocks_of, is_heading_block, is_prose_block, is_wrapped_prose,
-                                 passages)
+from dynatree.text.prose import (blocks_of, is_heading_block, is_prose_block, is_wrapped_prose, passages, quotable,
+                                 sentences)
 from dynatree.errors import DynaTreeError
 from dynatree.bench import instruct_text
 from dynatree.bench.instruct_text import Template
@@ -204,21 +204,12 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))
 _COND = re.compile(r"(?:^|[.;:]\s+|,\s+)(If|if|When|when)\s+([^,.;:!?()]{12,110}),\s")
 
 
-def _sentences(block: str) -> list[str]:
-    return [s.strip() for s in SENTENCE_BREAK.split(block) if s.strip()]
-
-
-def _quotable(sentence: str) -> str | None:
-    """A sentence a conversation may quote: complete, and neither a fragment nor a paragraph."""
-    return sentence if 5 <= len(sentence.split()) <= 60 and sentence.endswith((".", "!", "?")) else None
-
-
 def _passage_fields(doc: _Doc, blocks: Sequence[str]) -> dict[str, Any]:
     """What templates may ask of a passage; a field is None when the passage has no good value."""
     prose = [b for b in blocks if _is_prose(b)]
     passage = "\n\n".join(blocks)
-    first = _quotable(_sentences(prose[0])[0]) if prose else None
-    last = _quotable(_sentences(prose[-1])[-1]) if prose else None
+    first = quotable(sentences(prose[0])[0]) if prose else None
+    last = quotable(sentences(prose[-1])[-1]) if prose else None
     words = Counter(w for w in _WORD.findall(passage) if len(w) >= 5 and w.lower() not in _STOP)
     # identifiers (str.split(), max_length) say more about a passage than its commonest words
     scored = sorted(words.items(), key=lambda kv: -kv[1] * (3 if re.search(r"[._()]", kv[0]) else 1))

@@ -207,6 +207,17 @@ def is_prose_block(block: str) -> bool:
     return "\n" not in block and len(block.split()) >= 12 and not is_heading_block(block)
 
 
+def sentences(paragraph: str) -> list[str]:
+    """A one-line paragraph's sentences, cut where :data:`SENTENCE_BREAK` allows."""
+    return [s.strip() for s in SENTENCE_BREAK.split(paragraph) if s.strip()]
+
+
+def quotable(sentence: str) -> str | None:
+    """The sentence if a request may quote it -- complete (ending with . ! or ?) and 5 to 60 words,
+    neither a fragment nor a paragraph -- else None (the template field it fills has no value)."""
+    return sentence if 5 <= len(sentence.split()) <= 60 and sentence.endswith((".", "!", "?")) else None
+
+
 def passages(blocks: Sequence[str], rng: random.Random, target: tuple[int, int], min_chars: int,
              max_chars: int) -> Iterator[tuple[str, ...]]:
     """Non-overlapping runs of whole ``blocks``, each aiming at a length drawn from ``target``,

@@ -58,7 +58,7 @@ from torch import nn
 
 from dynatree.errors import DynaTreeError
 from dynatree.text import corpora, python_source
-from dynatree.text.prose import SENTENCE_BREAK, blocks_of, is_heading_block, is_prose_block, is_unindented
+from dynatree.text.prose import blocks_of, is_heading_block, is_prose_block, is_unindented, quotable, sentences
 from dynatree.text.prose import passages as cut_passages
 from dynatree.training import instruct_text as IT
 from dynatree.training.config import DistillConfig
@@ -259,24 +259,20 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))
 _COND = re.compile(r"(?:^|[.;:]\s+|,\s+)(If|if|When|when)\s+([^,.;:!?()]{12,110}),\s")
 
 
-def _quotable(sentence: str) -> str | None:
-    return sentence if 5 <= len(sentence.split()) <= 60 and sentence.endswith((".", "!", "?")) else None
-
-
 def passage_fields(doc: Doc, blocks: Sequence[str]) -> dict[str, Any]:
     """What templates may ask of a passage; a field is None when the passage has no good value."""
     prose = [b for b in blocks if _is_prose(b)]
     passage = "\n\n".join(blocks)
-    sentences = [s.strip() for s in SENTENCE_BREAK.split(prose[0]) if s.strip()] if prose else []
-    last_sentences = [s.strip() for s in SENTENCE_BREAK.split(prose[-1]) if s.strip()] if prose else []
+    first_sentences = sentences(prose[0]) if prose else []
+    last_sentences = sentences(prose[-1]) if prose else []
     words = Counter(w for w in _WORD.findall(passage) if len(w) >= 5 and w.lower() not in _STOP)
     scored = sorted(words.items(), key=lambda kv: (-kv[1] * (3 if re.search(r"[._()]", kv[0]) else 1), kv[0]))
     term, count = next(((w, n) for w, n in scored if n >= 2), (None, None))
     cond = next((m for b in prose for m in _COND.finditer(b)), None)
     return {
         "passage": passage, "source": doc.source, "words": max(10, round(len(passage.split()), -1)),
-        "first": _quotable(sentences[0]) if sentences else None,
-        "last": _quotable(last_sentences[-1]) if last_sentences else None,
+        "first": quotable(first_sentences[0]) if first_sentences else None,
+        "last": quotable(last_sentences[-1]) if last_sentences else None,
         "term": term, "term_count": count,
         "cond_word": cond.group(1).lower() if cond else None, "cond": cond.group(2).strip() if cond else None,
     }
