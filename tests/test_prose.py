@@ -30,6 +30,13 @@ def test_licence_texts_read_each_file_once_in_the_order_of_the_first_name(tmp_pa
     assert corpora.licence_texts(tmp_path / "absent") == []
 
 
+def test_newest_licences_keep_the_last_version_of_each_family(tmp_path: Path) -> None:
+    newest = corpora.newest_licences(_licences(tmp_path))
+    assert [(f, t.name) for f, t in newest] == [("licence/Apache", "licence/Apache-2.0"),
+                                                ("licence/GFDL", "licence/GFDL-1.3")]
+    assert corpora.family_of("licence/GFDL-1.2") == corpora.family_of("licence/GFDL") == "licence/GFDL"
+
+
 def test_bench_and_distillation_read_the_same_licences(tmp_path: Path) -> None:
     """The bench orders them by file name (its recorded prompt sets), distillation by first name
     (the shipped drafts' data); both drop the indented heading."""

@@ -141,20 +141,13 @@ def _stdlib_trees() -> tuple[tuple[str, str, ast.Module], ...]:
     return tuple(out)
 
 
-def _family(name: str) -> str:
-    return re.sub(r"-[\d.]+$", "", name)
-
-
 @functools.lru_cache(maxsize=1)
 def _prose_docs() -> tuple[_Doc, ...]:
     """Every document passages are cut from: pydoc topics, the newest version of each licence
     family (versions share most text, a second one would only repeat passages), module docstrings."""
     docs = [_Doc(t.name, "the Python language reference", tuple(_blocks(t.text)))
             for t in sorted(corpora.pydoc_texts(), key=lambda t: t.name)]
-    newest: dict[str, corpora.Text] = {}
-    for text in sorted(corpora.licence_texts(), key=lambda t: t.name):
-        newest[_family(text.name)] = text  # sorted: the last of a family is its newest version
-    for family, text in sorted(newest.items()):
+    for family, text in corpora.newest_licences():
         docs.append(_Doc(text.name, f"the {family.split('/')[-1]} licence text", tuple(_blocks(text.text))))
     for module, _, tree in _stdlib_trees():
         doc = ast.get_docstring(tree)

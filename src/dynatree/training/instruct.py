@@ -200,10 +200,6 @@ def _read_stdlib(only: frozenset[str] | None) -> tuple[tuple[str, str, ast.Modul
     return tuple(out)
 
 
-def _family(name: str) -> str:
-    return re.sub(r"-[\d.]+$", "", name)
-
-
 def prose_docs(corpus_names: Sequence[str]) -> list[Doc]:
     """Every document passages are cut from: pydoc topics, the newest version of each licence
     family, stdlib module docstrings, and the wiki/books documents when named."""
@@ -212,11 +208,8 @@ def prose_docs(corpus_names: Sequence[str]) -> list[Doc]:
         docs += [Doc(t.name, "the Python language reference", tuple(_blocks(t.text)))
                  for t in sorted(corpora.pydoc_texts(), key=lambda t: t.name)]
     if "licences" in corpus_names:
-        newest: dict[str, corpora.Text] = {}
-        for text in sorted(corpora.licence_texts(), key=lambda t: t.name):
-            newest[_family(text.name)] = text
         docs += [Doc(t.name, f"the {f.split('/')[-1]} licence", tuple(_blocks(t.text)))
-                 for f, t in sorted(newest.items())]
+                 for f, t in corpora.newest_licences()]
     for module, _, tree in stdlib_modules():
         doc = ast.get_docstring(tree)
         if doc and len(doc.split()) >= MIN_DOCSTRING_WORDS:
