@@ -1,6 +1,7 @@
 """The sources on every machine (pydoc, licences) and the two paragraph filters of dynatree.text.prose:
-one source of text for the bench and distillation, two filters on purpose; and the stdlib function
-cutter of dynatree.text.python_source that both build code requests with."""
+one source of text for the bench and distillation, two filters on purpose; and the helpers both
+instruct builders share (the stdlib function cutter of dynatree.text.python_source, the template
+filling of dynatree.text.templates)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,18 @@ def test_quotable_sentences_are_complete_and_of_a_quotable_length() -> None:
     assert prose.quotable(first) == first and prose.quotable(third) == third
     assert prose.quotable(short) is None and prose.quotable("Five words but no end") is None
     assert prose.quotable(" ".join(["word"] * 61) + ".") is None
+
+
+def test_a_template_fits_a_source_with_every_field_it_shows_or_requires() -> None:
+    from dynatree.bench.instruct_text import Template as BenchTemplate
+    from dynatree.text import templates
+    from dynatree.training.instruct_text import Template as TrainingTemplate
+
+    for template in (BenchTemplate("t", ("Explain {term}.", "It is {what}.", "More?"), ("cond",)),
+                     TrainingTemplate("t", "qa", ("Explain {term}.", "It is {what}.", "More?"), ("cond",))):
+        fields = {"term": "x", "what": "y", "cond": "z"}
+        assert templates.fits(template, fields)
+        assert not templates.fits(template, {**fields, "cond": None})
+        assert not templates.fits(template, {"term": "x", "cond": "z"})
+        assert templates.render(template, fields) == (("user", "Explain x."), ("assistant", "It is y."),
+                                                      ("user", "More?"))

@@ -42,7 +42,6 @@ import ast
 import functools
 import random
 import re
-import string
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from typing import Any
 from dynatree.text import corpora, python_source
 from dynatree.text.prose import (blocks_of, is_heading_block, is_prose_block, is_wrapped_prose, passages, quotable,
                                  sentences)
+from dynatree.text.templates import fits, render
 from dynatree.errors import DynaTreeError
 from dynatree.bench import instruct_text
 from dynatree.bench.instruct_text import Template
@@ -231,23 +231,10 @@ def _functions(module: str, source: str, tree: ast.Module) -> list[dict[str, Any
 
 
 # ------------------------------------------------------------------------------------ building
-def _fields_of(template: Template) -> set[str]:
-    return {field for turn in template.turns for _, field, _, _ in string.Formatter().parse(turn) if field}
-
-
-def _fits(template: Template, fields: dict[str, Any]) -> bool:
-    return all(fields.get(name) is not None for name in _fields_of(template) | set(template.requires))
-
-
-def _render(template: Template, fields: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    roles = ("user", "assistant")
-    return tuple((roles[i % 2], turn.format(**fields)) for i, turn in enumerate(template.turns))
-
-
 def _pick(templates: Sequence[Template], fields: dict[str, Any], held_out: bool,
           rng: random.Random) -> Template | None:
     """A template of the same side of the split as the source that the source can fill."""
-    usable = [t for t in templates if template_held_out(t.name) == held_out and _fits(t, fields)]
+    usable = [t for t in templates if template_held_out(t.name) == held_out and fits(t, fields)]
     return rng.choice(usable) if usable else None
 
 
@@ -260,7 +247,7 @@ def _from_sources(category: str, templates: Sequence[Template],
         held = corpora.is_held_out(name)
         template = _pick(templates, fields, held, rng)
         if template is not None:
-            out.append(Example(category, template.name, name, _render(template, fields)))
+            out.append(Example(category, template.name, name, render(template, fields)))
     return out
 
 
@@ -301,7 +288,7 @@ def _math_examples() -> list[Example]:
 
 
 def _talk_examples() -> list[Example]:
-    return [Example("chat", t.name, None, _render(t, {})) for t in instruct_text.CHAT_TALKS]
+    return [Example("chat", t.name, None, render(t, {})) for t in instruct_text.CHAT_TALKS]
 
 
 @functools.lru_cache(maxsize=None)

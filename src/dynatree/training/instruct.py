@@ -45,7 +45,6 @@ import json
 import os
 import random
 import re
-import string
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -60,6 +59,7 @@ from dynatree.errors import DynaTreeError
 from dynatree.text import corpora, python_source
 from dynatree.text.prose import blocks_of, is_heading_block, is_prose_block, is_unindented, quotable, sentences
 from dynatree.text.prose import passages as cut_passages
+from dynatree.text.templates import fits, render
 from dynatree.training import instruct_text as IT
 from dynatree.training.config import DistillConfig
 from dynatree.training.data import LabelledData, atomic_save, concat, progress_bar
@@ -310,27 +310,13 @@ def functions(module: str, source: str, tree: ast.Module, rng: random.Random) ->
 
 # ------------------------------------------------------------------------------------ building
 @functools.lru_cache(maxsize=None)
-def _fields_of(template: IT.Template) -> frozenset[str]:
-    return frozenset(f for turn in template.turns for _, f, _, _ in string.Formatter().parse(turn) if f)
-
-
-@functools.lru_cache(maxsize=None)
 def _held(name: str, every: int) -> bool:
     return corpora.is_held_out(name, every)
 
 
-def _fits(template: IT.Template, fields: dict[str, Any]) -> bool:
-    return all(fields.get(name) is not None for name in _fields_of(template) | set(template.requires))
-
-
-def _render(template: IT.Template, fields: dict[str, Any]) -> Messages:
-    roles = ("user", "assistant")
-    return tuple((roles[i % 2], turn.format(**fields)) for i, turn in enumerate(template.turns))
-
-
 def _pick(templates: Sequence[IT.Template], fields: dict[str, Any], held: bool, rng: random.Random
           ) -> IT.Template | None:
-    usable = [t for t in templates if template_held_out(t.name) == held and _fits(t, fields)]
+    usable = [t for t in templates if template_held_out(t.name) == held and fits(t, fields)]
     return rng.choice(usable) if usable else None
 
 
@@ -354,7 +340,7 @@ def _from_sources(kind: str, templates: Sequence[IT.Template], sources: Sequence
         for _ in range(per_source):
             template = _pick(templates, fields, side, rng)
             if template is not None:
-                out.append(Example(kind, template.name, name, _render(template, fields)))
+                out.append(Example(kind, template.name, name, render(template, fields)))
     return out
 
 
@@ -422,7 +408,7 @@ def _build_examples(corpus_names: tuple[str, ...], holdout_every: int, seed: int
         rng = random.Random(f"{seed}/chat/{name}/{fields['problem']}")
         template = _pick(chat, fields, template_held_out(name), rng)
         if template is not None:
-            out["chat"].append(Example("chat", f"{template.name}+{name}", None, _render(template, fields)))
+            out["chat"].append(Example("chat", f"{template.name}+{name}", None, render(template, fields)))
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 
