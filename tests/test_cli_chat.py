@@ -46,7 +46,8 @@ def test_text_is_written_round_by_round(model_dirs) -> None:
         streamer.on_round(event)
 
     ids = tok("the quick brown fox jumps", return_tensors="pt").input_ids
-    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, eos_token_id=[], on_round=on_round)
+    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24,
+                            stopping=dynatree.StoppingConfig(eos_token_id=()), on_round=on_round)
     streamer.end()
     kinds = [k for k, _ in log]
     assert kinds.count("round") == out.stats.num_rounds >= 3

@@ -22,6 +22,7 @@ from tiny import tiny_model
 
 
 HUGE = 10**9
+NO_EOS = dynatree.StoppingConfig(eos_token_id=())
 
 
 def test_generate_refuses_a_run_past_the_positions_and_says_what_fits() -> None:
@@ -33,7 +34,7 @@ def test_generate_refuses_a_run_past_the_positions_and_says_what_fits() -> None:
         f"prompt (3) + max_new_tokens ({HUGE}) + tree depth (4) = {HUGE + 7} positions exceeds LlamaForCausalLM's "
         f"maximum of 64 by {HUGE + 7 - 64}; max_new_tokens (--max-new-tokens) can be at most 57 here, or pass "
         "kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
-    out = dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=57, eos_token_id=[])
+    out = dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=57, stopping=NO_EOS)
     assert out.stats.new_tokens == 57  # the number the message gives does fit
     with pytest.raises(DynaTreeError, match="can be at most 59 here"):  # truncating keeps 1 prompt token
         dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=HUGE, truncate_prompt=True)
@@ -92,7 +93,7 @@ def test_the_early_check_counts_what_generate_counts_for_the_text_source(strateg
     ids = torch.tensor([[5, 6, 7]])
     for new in (8, 20, 40, 60):
         try:
-            dynatree.generate(target, None, ids, strategy, max_new_tokens=new, eos_token_id=[], **options)
+            dynatree.generate(target, None, ids, strategy, max_new_tokens=new, stopping=NO_EOS, **options)
             ran = None
         except DynaTreeError as err:
             ran = str(err)
