@@ -33,7 +33,7 @@ def test_generate_refuses_a_run_past_the_positions_and_says_what_fits() -> None:
     assert str(info.value) == (
         f"prompt (3) + max_new_tokens ({HUGE}) + tree depth (4) = {HUGE + 7} positions exceeds LlamaForCausalLM's "
         f"maximum of 64 by {HUGE + 7 - 64}; max_new_tokens (--max-new-tokens) can be at most 57 here, or pass "
-        "kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
+        "options=EngineOptions(kv_window=N) (--kv-window) for StreamingLLM-style KV eviction")
     out = dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=57, stopping=NO_EOS)
     assert out.stats.new_tokens == 57  # the number the message gives does fit
     with pytest.raises(DynaTreeError, match="can be at most 59 here"):  # truncating keeps 1 prompt token
@@ -59,7 +59,7 @@ def test_cli_generate_refuses_before_printing_or_compiling(model_dirs, monkeypat
             # depth 32: the text's proposals (--text, the default) reach deeper than the policy's 9
             f"error: prompt (3) + max_new_tokens ({HUGE}) + tree depth (32) = {HUGE + 35} positions exceeds "
             f"LlamaForCausalLM's maximum of 1024 by {HUGE + 35 - 1024}; max_new_tokens (--max-new-tokens) can be at "
-            "most 989 here, or pass kv_window=N (--kv-window) for StreamingLLM-style KV eviction"]
+            "most 989 here, or pass options=EngineOptions(kv_window=N) (--kv-window) for StreamingLLM-style KV eviction"]
         assert res.stdout == ""  # not even the prompt: the run never started
     assert calls == []  # nothing compiled (nor a cache allocated) for it
 

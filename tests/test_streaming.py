@@ -178,5 +178,5 @@ def test_learned_positions_are_refused() -> None:
 
 def test_too_long_without_eviction_suggests_it() -> None:
     target = tiny_model("llama", max_positions=64)
-    with pytest.raises(DynaTreeError, match="kv_window=N"):
+    with pytest.raises(DynaTreeError, match=r"EngineOptions\(kv_window=N\)"):
         generate(target, perturbed(target), prompt(), "linear", max_new_tokens=100)

@@ -39,6 +39,7 @@ def timed(buf: torch.Tensor) -> float:
 def draws_per_round() -> float:
     """Random draws per round of a sampled DySpec run (24 nodes) on the tiny Llama pair, unsharded."""
     import dynatree
+    import dynatree.core.verify  # (patched below; generate imports it only when first called)
     from dynatree.core import sampling
     from tiny import perturbed, tiny_model
 

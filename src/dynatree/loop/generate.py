@@ -413,10 +413,12 @@ def _fit_positions(
         if need_extra >= limit:  # truncating the prompt cannot help: fewer new tokens (or eviction) can
             most = limit - depth - (1 if truncate else len(prompt))
             fixes = [f"max_new_tokens (--max-new-tokens) can be at most {most} here"] if most > 0 else []
-            hint = "; " + ", or ".join([*fixes, "pass kv_window=N (--kv-window) for StreamingLLM-style KV eviction"])
+            hint = "; " + ", or ".join([*fixes, "pass options=EngineOptions(kv_window=N) (--kv-window) for "
+                                                "StreamingLLM-style KV eviction"])
         else:
             hint = "" if truncate else ("; pass truncate_prompt=True (--truncate-prompt) to keep the last tokens of "
-                                        "the prompt, or kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
+                                        "the prompt, or options=EngineOptions(kv_window=N) (--kv-window) for "
+                                        "StreamingLLM-style KV eviction")
         raise DynaTreeError(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + tree depth ({depth}) = {need} "
             f"positions exceeds {type(model).__name__}'s maximum of {limit} by {need - limit}{hint}"
