@@ -22,7 +22,7 @@ import torch
 import dynatree
 from dynatree.loading import models
 from dynatree.bench.datasets import load_prompt_ids
-from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.options import EngineOptions, StoppingConfig
 
 
