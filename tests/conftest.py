@@ -32,3 +32,16 @@ def _few_row_layout_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     from dynatree.runtime import engines
 
     monkeypatch.setattr(engines, "CPU_LINEAR_MIN_THREADS", 1)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A tiny Llama target and a perturbed draft saved as HF folders with the chat-template
+    tokenizer, for the CLI's ``--target`` and ``--draft``; one pair per test module. (Imported here,
+    not at the top: this file must stay free of torch until the settings above are made.)"""
+    from cli_helpers import save_pair
+    from tiny import tiny_model
+    from tiny_tok import VOCAB
+
+    target, draft = save_pair(tmp_path_factory.mktemp("models"), tiny_model("llama", 0, vocab=VOCAB))
+    return str(target), str(draft)

@@ -10,7 +10,7 @@ import dynatree
 from dynatree.runtime import engines
 from dynatree.runtime.engines import CPU_AUTO_BUCKETS, resolve as resolve_options
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions
+from dynatree.options import EngineOptions, StoppingConfig
 
 
 @pytest.fixture
@@ -66,8 +66,10 @@ def test_resolving_decides_every_field_and_twice_changes_nothing(model, monkeypa
 
 def test_default_generate_is_exact(model) -> None:
     ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(0))
-    out = dynatree.generate(model, model, ids, max_new_tokens=12, eos_token_id=[])
-    ref = dynatree.generate(model, None, ids, "autoregressive", engine="hf", max_new_tokens=12, eos_token_id=[])
+    no_eos = StoppingConfig(eos_token_id=())
+    out = dynatree.generate(model, model, ids, max_new_tokens=12, stopping=no_eos)
+    ref = dynatree.generate(model, None, ids, "autoregressive", options=EngineOptions(engine="hf"), max_new_tokens=12,
+                            stopping=no_eos)
     assert torch.equal(out.sequences, ref.sequences)
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dynatree import generate
+from dynatree import SamplingConfig, StoppingConfig, generate
 from dynatree.drafts.model import Drafter
 from dynatree.drafts.suffix import TextDraft
 from dynatree.errors import DynaTreeError
 from dynatree.loop.backoff import Backoff
 from tiny import hf_greedy, perturbed, tiny_model
+
+NO_EOS = StoppingConfig(eos_token_id=())  # never stop early: outputs compare at full length
 
 
 def run(backoff: Backoff, rounds: list[tuple[int, float]], plain: float) -> list[bool]:
@@ -85,7 +87,7 @@ def test_skipped_rounds_keep_the_output_exact(source: str, strategy: str) -> Non
     model = perturbed(target, noise=0.05)
     draft = {"model": model, "text": None, "hybrid": TextDraft(model=model)}[source]
     ids = repetitive(target.config.vocab_size)
-    out = generate(target, draft, ids, strategy, max_new_tokens=40, eos_token_id=[], backoff=EveryOther())
+    out = generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
     assert out.sequences[0].tolist() == hf_greedy(target, ids[None], 40, None)[0].tolist()
     plain = [r for r in out.stats.rounds if r.drafted == 0 and r.draft_calls == 0]
     assert len(plain) >= len(out.stats.rounds) // 2 - 1  # the pauses happened
@@ -97,7 +99,7 @@ def test_a_draft_that_forgets_the_paused_tokens_drafts_worse(monkeypatch: pytest
     target = tiny_model("llama", seed=1)
     draft = perturbed(target, noise=0.02)
     ids = repetitive(target.config.vocab_size)
-    good = generate(target, draft, ids, "linear", max_new_tokens=40, eos_token_id=[], backoff=EveryOther())
+    good = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
     commit = Drafter.commit
 
     def forgetful(self, tree, accepted, bonus, features=None):  # a skipped round's tokens are lost
@@ -107,7 +109,7 @@ def test_a_draft_that_forgets_the_paused_tokens_drafts_worse(monkeypatch: pytest
         commit(self, tree, accepted, bonus, features)
 
     monkeypatch.setattr(Drafter, "commit", forgetful)
-    bad = generate(target, draft, ids, "linear", max_new_tokens=40, eos_token_id=[], backoff=EveryOther())
+    bad = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
     assert torch.equal(good.sequences, bad.sequences)
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731
     assert accepted(good) > accepted(bad)
@@ -118,7 +120,8 @@ def test_sampled_runs_and_plain_decoding_have_no_backoff() -> None:
     ids = repetitive(target.config.vocab_size)
     never = Backoff()
     never.should_draft = lambda: (_ for _ in ()).throw(AssertionError("asked"))  # type: ignore[method-assign]
-    generate(target, None, ids, "dynatree", max_new_tokens=8, temperature=1.0, seed=0, backoff=never)
+    generate(target, None, ids, "dynatree", max_new_tokens=8, sampling=SamplingConfig(temperature=1.0), seed=0,
+             backoff=never)
     generate(target, None, ids, "autoregressive", max_new_tokens=8, backoff=never)
 
 

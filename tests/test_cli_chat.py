@@ -16,23 +16,9 @@ import torch
 from typer.testing import CliRunner
 
 import dynatree
-from dynatree.integrations.chat import ChatSession, EchoStreamer, chat_eos, chat_prompt
+from dynatree.integrations.chat import ChatSession, EchoStreamer, chat_prompt
 from dynatree.cli import app
-from tiny import perturbed, tiny_model
-from tiny_tok import VOCAB, tiny_tokenizer
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A tiny target and a perturbed draft saved as HF folders, with the chat-template tokenizer."""
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model("llama", 0, vocab=VOCAB)
-    for name, model in (("target", target), ("draft", perturbed(target))):
-        model.save_pretrained(root / name)
-        tiny_tokenizer().save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
+from cli_helpers import SRC, reference_reply
 
 
 def loaded(model_dirs: tuple[str, str]):
@@ -41,12 +27,6 @@ def loaded(model_dirs: tuple[str, str]):
     target, tok = models.load_model(model_dirs[0])
     draft, _ = models.load_model(model_dirs[1])
     return target, draft, tok
-
-
-def reference_reply(target, ids: list[int], tok, n: int) -> str:
-    out = target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, eos_token_id=chat_eos(target, tok),
-                          pad_token_id=0)
-    return tok.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
 def test_text_is_written_round_by_round(model_dirs) -> None:
@@ -66,7 +46,8 @@ def test_text_is_written_round_by_round(model_dirs) -> None:
         streamer.on_round(event)
 
     ids = tok("the quick brown fox jumps", return_tensors="pt").input_ids
-    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, eos_token_id=[], on_round=on_round)
+    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24,
+                            stopping=dynatree.StoppingConfig(eos_token_id=()), on_round=on_round)
     streamer.end()
     kinds = [k for k, _ in log]
     assert kinds.count("round") == out.stats.num_rounds >= 3

@@ -13,7 +13,10 @@ import dynatree
 from dynatree.core import costmodel
 from dynatree.core.costmodel import CostProfile, choose_budget, max_useful_nodes
 from dynatree.errors import DynaTreeError
+from dynatree.options import StoppingConfig
 from dynatree.policies import make_policy
+
+NO_EOS = StoppingConfig(eos_token_id=())
 
 GAINS = [0.9, 0.8, 0.6, 0.4, 0.2, 0.1]
 
@@ -125,11 +128,11 @@ def _run(pair, profile: CostProfile | None, **options):
     policy = make_policy("dynatree", tau=0.0, **options)
     if profile is not None:
         policy.use_cost_model(profile)
-    return dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=24, eos_token_id=[])
+    return dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=24, stopping=NO_EOS)
 
 
 def test_fake_profiles_move_the_tree_size_and_stay_exact(pair) -> None:
-    ar = dynatree.generate(pair[0], None, _ids(), "autoregressive", max_new_tokens=24, eos_token_id=[])
+    ar = dynatree.generate(pair[0], None, _ids(), "autoregressive", max_new_tokens=24, stopping=NO_EOS)
     wide, none = _run(pair, flat(32)), _run(pair, steep(32))
     drafted = lambda r: sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds
     assert drafted(wide) > 3  # beyond the fixed CPU fallback of 3 nodes
@@ -158,11 +161,11 @@ def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypat
 
     monkeypatch.setattr(costmodel, "measure", fake_measure)
     policy = make_policy("dynatree", tau=0.0)
-    dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, eos_token_id=[])
+    dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS)
     assert measured == [11] and policy.cost_profile == steep(32)
     assert len(list((tmp_path / "costmodel").glob("*.json"))) == 1
     again = make_policy("dynatree", tau=0.0)
-    r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, eos_token_id=[])
+    r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, stopping=NO_EOS)
     assert measured == [11]  # second run: from disk
     assert again.cost_profile == steep(32) and sum(x.drafted for x in r.stats.rounds) <= 1
 
@@ -170,7 +173,7 @@ def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypat
 def test_switched_off_uses_fixed_budget(pair, monkeypatch) -> None:
     monkeypatch.setenv(costmodel.ENV_SWITCH, "off")
     policy = make_policy("dynatree", tau=0.0)
-    r = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, eos_token_id=[])
+    r = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS)
     assert policy.cost_profile is None and max(x.drafted for x in r.stats.rounds) <= 3
 
 

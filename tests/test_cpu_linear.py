@@ -11,9 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dynatree
+from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.runtime.kernels import cpu_linear
 from dynatree.runtime.kernels.cpu_linear import MAX_ROWS, SmallBatchLinear
 from tiny import hf_greedy, perturbed, tiny_model
+
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 @settings(max_examples=60, deadline=None)
@@ -61,11 +64,12 @@ def test_engine_uses_the_layout_on_cpu_by_default_and_not_when_off(monkeypatch: 
     ref = hf_greedy(target, ids, 24, None)
     for engine in ("hf", "static"):
         calls.clear()
-        on = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, eos_token_id=[], engine=engine)
+        on = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, stopping=NO_EOS,
+                               options=EngineOptions(engine=engine))
         assert calls and torch.equal(on.sequences, ref)
         calls.clear()
-        off = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, eos_token_id=[], engine=engine,
-                                cpu_linear=False)
+        off = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, stopping=NO_EOS,
+                                options=EngineOptions(engine=engine, cpu_linear=False))
         assert not calls and torch.equal(off.sequences, ref)
 
 
@@ -81,7 +85,7 @@ def test_a_broken_layout_is_caught_by_the_greedy_check(monkeypatch: pytest.Monke
         return out.flip(-2) if out.dim() >= 2 and out.shape[-2] > 1 else out
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", reversed_rows)
-    out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, eos_token_id=[], k=3)
+    out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, stopping=NO_EOS, k=3)
     assert not torch.equal(out.sequences, hf_greedy(target, ids, 24, None))
 
 

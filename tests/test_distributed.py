@@ -27,9 +27,11 @@ from tiny import hf_greedy, perturbed, tiny_model
 from tp_worker import NEW, OPTIONS, PROMPT, SAMPLED_OPTIONS, SEED, TEMPERATURE
 
 import dynatree
+from dynatree import EngineOptions, SamplingConfig, StoppingConfig
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 def _target() -> torch.nn.Module:
@@ -86,8 +88,8 @@ def test_tp_sampling_ranks_agree_with_unsharded_seeded_run(tp_results: list[dict
     r0, r1 = (res[f"sampled/{strategy}"] for res in tp_results)
     assert r0 == r1
     one = dynatree.generate(unsharded["target"], unsharded["draft"], torch.tensor([PROMPT]), strategy,
-                            max_new_tokens=NEW, eos_token_id=[], temperature=TEMPERATURE, seed=SEED,
-                            cpu_linear=False, **SAMPLED_OPTIONS[strategy])
+                            max_new_tokens=NEW, stopping=NO_EOS, sampling=SamplingConfig(temperature=TEMPERATURE),
+                            seed=SEED, options=EngineOptions(cpu_linear=False), **SAMPLED_OPTIONS[strategy])
     assert r0 == one.sequences[0].tolist()
 
 
@@ -116,12 +118,13 @@ def test_device_map_with_offloaded_layer_is_exact(tmp_path: Path, unsharded: dic
     ref = _reference(unsharded)
     ids = torch.tensor([PROMPT])
     for strategy, opts in OPTIONS.items():
-        out = dynatree.generate(target, unsharded["draft"], ids, strategy, max_new_tokens=NEW, eos_token_id=[], **opts)
+        out = dynatree.generate(target, unsharded["draft"], ids, strategy, max_new_tokens=NEW, stopping=NO_EOS, **opts)
         assert out.sequences[0].tolist() == ref, strategy
-    out = dynatree.generate(target, unsharded["draft"], ids, "dyspec", max_new_tokens=NEW, eos_token_id=[],
-                            temperature=TEMPERATURE, seed=SEED, **OPTIONS["dyspec"])
+    sampled = SamplingConfig(temperature=TEMPERATURE)
+    out = dynatree.generate(target, unsharded["draft"], ids, "dyspec", max_new_tokens=NEW, stopping=NO_EOS,
+                            sampling=sampled, seed=SEED, **OPTIONS["dyspec"])
     one = dynatree.generate(unsharded["target"], unsharded["draft"], ids, "dyspec", max_new_tokens=NEW,
-                            eos_token_id=[], temperature=TEMPERATURE, seed=SEED, **OPTIONS["dyspec"])
+                            stopping=NO_EOS, sampling=sampled, seed=SEED, **OPTIONS["dyspec"])
     assert torch.equal(out.sequences, one.sequences)
 
 
@@ -130,7 +133,7 @@ def test_dyspec_threshold_defaults_fit_a_short_model() -> None:
     counted as the tree depth and the run refused; the depth is now bounded by max_new_tokens."""
     target = _target()
     out = dynatree.generate(target, perturbed(target), torch.tensor([PROMPT]), "dyspec-threshold",
-                            max_new_tokens=NEW, eos_token_id=[])
+                            max_new_tokens=NEW, stopping=NO_EOS)
     assert out.sequences[0].tolist() == hf_greedy(target, torch.tensor([PROMPT]), NEW)[0].tolist()
     assert max(r.depth for r in out.stats.rounds) <= NEW
 

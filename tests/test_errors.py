@@ -18,6 +18,7 @@ def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 IDS = torch.tensor([[5, 6, 7]])
+NO_EOS = dynatree.StoppingConfig(eos_token_id=())
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ def test_no_draft_model_drafts_from_the_text_within_the_positions(pair) -> None:
     # towards the model's positions like any policy's.
     with pytest.raises(DynaTreeError, match=r"tree depth \(32\).*exceeds LlamaForCausalLM's maximum of 64"):
         dynatree.generate(pair[0], None, IDS, "linear")
-    out = dynatree.generate(pair[0], None, IDS, "linear", max_new_tokens=8, eos_token_id=[])
+    out = dynatree.generate(pair[0], None, IDS, "linear", max_new_tokens=8, stopping=NO_EOS)
     assert out.stats.new_tokens == 8 and out.sequences.shape == (1, IDS.shape[1] + 8)
 
 
@@ -61,7 +62,7 @@ def test_vocab_mismatch_and_override(pair) -> None:
     other = tiny_model("llama", 2, vocab=128, max_positions=64)
     with pytest.raises(DynaTreeError, match=r"draft vocabulary \(128 tokens\) differs from the target's \(96\)"):
         dynatree.generate(pair[0], other, IDS, "linear", max_new_tokens=5)
-    out = dynatree.generate(pair[0], other, IDS, "linear", max_new_tokens=5, eos_token_id=[],
+    out = dynatree.generate(pair[0], other, IDS, "linear", max_new_tokens=5, stopping=NO_EOS,
                             allow_vocab_mismatch=True)
     ref = pair[0].generate(IDS, do_sample=False, max_new_tokens=5, eos_token_id=None, pad_token_id=0)
     assert torch.equal(out.sequences, ref)
@@ -70,7 +71,7 @@ def test_vocab_mismatch_and_override(pair) -> None:
 def test_truncate_prompt_keeps_the_tail(pair) -> None:
     target, draft = pair
     ids = torch.arange(2, 62).view(1, -1)  # 60 tokens; 60 + 5 + depth 9 > 64
-    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=5, truncate_prompt=True, eos_token_id=[])
+    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=5, truncate_prompt=True, stopping=NO_EOS)
     kept = 64 - 5 - 9
     assert out.stats.prompt_tokens == kept
     assert torch.equal(out.sequences[0, :kept], ids[0, -kept:])

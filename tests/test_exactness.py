@@ -15,11 +15,12 @@ import pytest
 import torch
 
 import dynatree
-from dynatree import STRATEGIES
+from dynatree import STRATEGIES, EngineOptions, StoppingConfig
 from tiny import ARCHS, SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model
 
 OPTIONS = SMALL_TREES
 DRAFTS = ("self", "random", "perturbed")
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,7 +42,7 @@ def prompt(length: int, seed: int) -> torch.Tensor:
 def run(arch: str, strategy: str, draft: str, ids: torch.Tensor, n: int, eos=(), attn: str = "sdpa"):
     m = models(arch, attn)
     return dynatree.generate(m["target"], m[draft], ids, strategy, max_new_tokens=n,
-                             eos_token_id=list(eos), **OPTIONS.get(strategy, {}))
+                             stopping=StoppingConfig(eos_token_id=tuple(eos)), **OPTIONS.get(strategy, {}))
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,7 +139,7 @@ def test_static_engine_equals_target(arch: str, strategy: str) -> None:
     m = models(arch)
     for length, seed, n in [(1, 0, 24), (13, 2, 33)]:
         out = dynatree.generate(m["target"], m["perturbed"], prompt(length, seed), strategy, max_new_tokens=n,
-                                eos_token_id=[], engine="static", **OPTIONS.get(strategy, {}))
+                                stopping=NO_EOS, options=EngineOptions(engine="static"), **OPTIONS.get(strategy, {}))
         assert torch.equal(out.sequences, reference(arch, length, seed, n)), (arch, strategy, length)
 
 
@@ -152,7 +153,8 @@ def test_compiled_static_engine_equals_target() -> None:
     graphs = counters["stats"]["unique_graphs"]
     for seed in (1, 2):
         out = dynatree.generate(m["target"], m["perturbed"], prompt(5, seed), "linear", max_new_tokens=20,
-                                eos_token_id=[], engine="static", compile=True, buckets=buckets, k=3)
+                                stopping=NO_EOS, options=EngineOptions(engine="static", compile=True, buckets=buckets),
+                                k=3)
         assert torch.equal(out.sequences, reference("llama", 5, seed, 20))
     assert counters["stats"]["unique_graphs"] == graphs, "a timed run compiled a new graph"
 
@@ -176,8 +178,9 @@ def test_every_bucket_keeps_its_graph_past_dynamos_recompile_limit(monkeypatch: 
     dynatree.precompile(target, draft, 48, buckets=buckets)
     assert counters["stats"]["unique_graphs"] - before >= 2 * len(buckets), "a bucket runs uncompiled"
     assert torch._dynamo.config.recompile_limit == limit, "the process-wide recompile limit was changed"
-    out = dynatree.generate(target, draft, prompt(5, 3), "fixed", max_new_tokens=12, eos_token_id=[],
-                            engine="static", compile=True, buckets=buckets, depth=2, branch=2, max_nodes=6)
+    out = dynatree.generate(target, draft, prompt(5, 3), "fixed", max_new_tokens=12, stopping=NO_EOS,
+                            options=EngineOptions(engine="static", compile=True, buckets=buckets),
+                            depth=2, branch=2, max_nodes=6)
     assert torch.equal(out.sequences, hf_greedy(target, prompt(5, 3), 12, None))
 
 
@@ -188,7 +191,8 @@ def test_dfs_tree_order_equals_target(arch: str, engine: str, strategy: str) -> 
     """Verifying the tree in depth-first order (for the block-sparse kernel) changes nothing."""
     m = models(arch)
     out = dynatree.generate(m["target"], m["perturbed"], prompt(7, 4), strategy, max_new_tokens=30,
-                            eos_token_id=[], engine=engine, tree_order="dfs", **OPTIONS.get(strategy, {}))
+                            stopping=NO_EOS, options=EngineOptions(engine=engine, tree_order="dfs"),
+                            **OPTIONS.get(strategy, {}))
     assert torch.equal(out.sequences, reference(arch, 7, 4, 30))
 
 
@@ -199,13 +203,14 @@ def test_lazy_and_full_lm_head_equal_target(arch: str, lazy_head: bool, engine: 
     """Applying the LM head to every node (GPU default) or only to the nodes read (CPU default)."""
     m = models(arch)
     out = dynatree.generate(m["target"], m["perturbed"], prompt(6, 5), "dynatree", max_new_tokens=30,
-                            eos_token_id=[], lazy_head=lazy_head, engine=engine, **OPTIONS["dynatree"])
+                            stopping=NO_EOS, options=EngineOptions(lazy_head=lazy_head, engine=engine),
+                            **OPTIONS["dynatree"])
     assert torch.equal(out.sequences, reference(arch, 6, 5, 30))
 
 
 def test_static_engine_prefills_prompts_longer_than_the_largest_bucket() -> None:
     m = models("llama")
     ids = prompt(40, 12)
-    out = dynatree.generate(m["target"], m["perturbed"], ids, "linear", max_new_tokens=10, eos_token_id=[],
-                            engine="static", buckets=(1, 2, 4, 8), k=3)
+    out = dynatree.generate(m["target"], m["perturbed"], ids, "linear", max_new_tokens=10, stopping=NO_EOS,
+                            options=EngineOptions(engine="static", buckets=(1, 2, 4, 8)), k=3)
     assert torch.equal(out.sequences, reference("llama", 40, 12, 10))

@@ -17,25 +17,10 @@ from dynatree import DynaTreeError
 from dynatree.bench.datasets import load_prompts
 from dynatree.cli import app
 from dynatree.cli.common import check_utf8
-from tiny import perturbed, tiny_model
-from tiny_tok import VOCAB, tiny_tokenizer
+from cli_helpers import error_lines, subprocess_env
+from tiny_tok import tiny_tokenizer
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-ENV = {**os.environ, "PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1"}
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model("llama", 0, vocab=VOCAB)
-    for name, model in (("target", target), ("draft", perturbed(target))):
-        model.save_pretrained(root / name)
-        tiny_tokenizer().save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
-
-
-def error_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("error:")]
+ENV = subprocess_env()
 
 
 # ------------------------------------------------------------------------------------ not UTF-8

@@ -12,10 +12,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dynatree import DynaTreeError
+from dynatree import DynaTreeError, EngineOptions
 from dynatree.integrations import chat
-from dynatree.integrations.chat import ChatSession, chat_eos, chat_prompt
+from dynatree.integrations.chat import ChatSession, chat_prompt
 from dynatree.cli import app
+from cli_helpers import error_lines, reference_reply, save_pair
 from tiny import perturbed, tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
 
@@ -32,18 +33,8 @@ def small() -> tuple[torch.nn.Module, torch.nn.Module, object]:
 
 @pytest.fixture(scope="module")
 def small_dirs(small, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("small")
-    target, draft, tok = small
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
-
-
-def greedy_reply(target: torch.nn.Module, tok, ids: list[int], n: int) -> str:
-    out = target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
-                          eos_token_id=chat_eos(target, tok), pad_token_id=0)
-    return tok.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+    target, draft = save_pair(tmp_path_factory.mktemp("small"), *small)
+    return str(target), str(draft)
 
 
 def test_oldest_turns_are_dropped_whole_and_the_system_prompt_stays(small) -> None:
@@ -61,7 +52,7 @@ def test_oldest_turns_are_dropped_whole_and_the_system_prompt_stays(small) -> No
         asked = chat_prompt(tok, session.messages[:-1])
         assert len(asked) <= session.room  # nothing left for the engine to cut mid-message
         # the reply is the target's own greedy reply to exactly that (shortened) conversation
-        assert session.messages[-1]["content"] == greedy_reply(target, tok, asked, 8)
+        assert session.messages[-1]["content"] == reference_reply(target, asked, tok, 8).strip()
     assert dropped[0] == 0 and sum(dropped) >= 2
 
 
@@ -91,7 +82,8 @@ def test_a_reply_length_with_no_room_left_is_refused_up_front(small) -> None:
                                "model's 64 positions: use max_new_tokens (--max-new-tokens) of at most 60")
     with pytest.raises(DynaTreeError, match="of at most 63$"):
         ChatSession(target, None, tok, "autoregressive", max_new_tokens=10**9)
-    unlimited = ChatSession(target, draft, tok, "linear", max_new_tokens=60, k=3, kv_window=16)
+    unlimited = ChatSession(target, draft, tok, "linear", max_new_tokens=60, k=3,
+                            options=EngineOptions(kv_window=16))
     assert unlimited.room is None  # KV eviction: any length fits
 
 
@@ -109,7 +101,7 @@ def test_cli_chat_with_too_long_replies_is_one_line(small_dirs) -> None:
     res = CliRunner().invoke(app, ["chat", "--target", small_dirs[0], "--draft", small_dirs[1],
                                    "--max-new-tokens", "1000000000"], input="hi\n")
     assert res.exit_code == 2
-    assert [line for line in res.stderr.splitlines() if line.startswith("error:")] == [
+    assert error_lines(res.stderr) == [
         # depth 32: the text's proposals (--text, the default) reach deeper than the policy's 9
         "error: max_new_tokens=1000000000 and a tree of depth 32 leave no room for the conversation in the model's "
         "64 positions: use max_new_tokens (--max-new-tokens) of at most 31"]

@@ -26,11 +26,10 @@ from dynatree.drafts import distilled as R
 from dynatree.loading import gguf, models
 from dynatree.cli import app
 from dynatree.errors import DynaTreeError
+from cli_helpers import SRC, error_lines, save_model
 from test_models import needs_gguf, write_tiny_llama_gguf
 from tiny import tiny_model
-from tiny_tok import VOCAB, tiny_tokenizer
-
-SRC = Path(__file__).resolve().parents[1] / "src"
+from tiny_tok import VOCAB
 
 
 # --------------------------------------------------------------------------- distilled drafts
@@ -38,10 +37,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    tiny_model("llama", 0, vocab=VOCAB).save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
+    return save_model(tmp_path_factory.mktemp("target"), tiny_model("llama", 0, vocab=VOCAB))
 
 
 def save_tiny_draft(target: torch.nn.Module, folder: Path) -> Path:
@@ -128,7 +124,7 @@ def test_cli_with_a_damaged_draft_preset(target_dir: Path, tmp_path: Path, monke
                                    "--prompt", "the fox", "--max-new-tokens", "4"])
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output
-    assert [line for line in res.stderr.splitlines() if line.startswith("error:")] == [
+    assert error_lines(res.stderr) == [
         f"error: cannot read the draft weights {folder / R.WEIGHTS_FILE} (Error while deserializing header: "
         "incomplete metadata, file not fully covered): the file is truncated or damaged; distil the draft "
         f"again (dynatree distill) or copy {folder} again"]

@@ -9,7 +9,6 @@ and SIGINT always lands mid-generation, however slow the machine.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -21,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny import perturbed, tiny_model
+from cli_helpers import save_pair, subprocess_env
+from tiny import tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 WORD = " the"
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
 
@@ -51,19 +50,14 @@ def parrot() -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def parrots(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("parrots")
-    target = parrot()
-    for name, model in (("target", target), ("draft", perturbed(target))):
-        model.save_pretrained(root / name)
-        tiny_tokenizer().save_pretrained(root / name)
-    return root / "target", root / "draft"
+    return save_pair(tmp_path_factory.mktemp("parrots"), parrot())
 
 
 class Running:
     """A CLI subprocess whose stdout is collected as it arrives (a thread drains the pipe)."""
 
     def __init__(self, argv: list[str], stdin: bytes | None = None) -> None:
-        env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        env = subprocess_env(PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "dynatree", *argv, "--threads", "1"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.out = bytearray()

@@ -17,25 +17,12 @@ from dynatree.loop import precompile as precompile_mod
 from dynatree.runtime import engines
 from dynatree.bench import runner as runner_mod
 from dynatree.cli import app
-from tiny import perturbed, tiny_model
-from tiny_tok import VOCAB, tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model("llama", 0, vocab=VOCAB)
-    for name, model in (("target", target), ("draft", perturbed(target))):
-        model.save_pretrained(root / name)
-        tiny_tokenizer().save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
-
-
-def error_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("error:")]
+from cli_helpers import error_lines
+from tiny import tiny_model
 
 
 HUGE = 10**9
+NO_EOS = dynatree.StoppingConfig(eos_token_id=())
 
 
 def test_generate_refuses_a_run_past_the_positions_and_says_what_fits() -> None:
@@ -46,8 +33,8 @@ def test_generate_refuses_a_run_past_the_positions_and_says_what_fits() -> None:
     assert str(info.value) == (
         f"prompt (3) + max_new_tokens ({HUGE}) + tree depth (4) = {HUGE + 7} positions exceeds LlamaForCausalLM's "
         f"maximum of 64 by {HUGE + 7 - 64}; max_new_tokens (--max-new-tokens) can be at most 57 here, or pass "
-        "kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
-    out = dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=57, eos_token_id=[])
+        "options=EngineOptions(kv_window=N) (--kv-window) for StreamingLLM-style KV eviction")
+    out = dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=57, stopping=NO_EOS)
     assert out.stats.new_tokens == 57  # the number the message gives does fit
     with pytest.raises(DynaTreeError, match="can be at most 59 here"):  # truncating keeps 1 prompt token
         dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=HUGE, truncate_prompt=True)
@@ -72,7 +59,7 @@ def test_cli_generate_refuses_before_printing_or_compiling(model_dirs, monkeypat
             # depth 32: the text's proposals (--text, the default) reach deeper than the policy's 9
             f"error: prompt (3) + max_new_tokens ({HUGE}) + tree depth (32) = {HUGE + 35} positions exceeds "
             f"LlamaForCausalLM's maximum of 1024 by {HUGE + 35 - 1024}; max_new_tokens (--max-new-tokens) can be at "
-            "most 989 here, or pass kv_window=N (--kv-window) for StreamingLLM-style KV eviction"]
+            "most 989 here, or pass options=EngineOptions(kv_window=N) (--kv-window) for StreamingLLM-style KV eviction"]
         assert res.stdout == ""  # not even the prompt: the run never started
     assert calls == []  # nothing compiled (nor a cache allocated) for it
 
@@ -106,7 +93,7 @@ def test_the_early_check_counts_what_generate_counts_for_the_text_source(strateg
     ids = torch.tensor([[5, 6, 7]])
     for new in (8, 20, 40, 60):
         try:
-            dynatree.generate(target, None, ids, strategy, max_new_tokens=new, eos_token_id=[], **options)
+            dynatree.generate(target, None, ids, strategy, max_new_tokens=new, stopping=NO_EOS, **options)
             ran = None
         except DynaTreeError as err:
             ran = str(err)

@@ -21,10 +21,9 @@ import pytest
 
 from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, load_results
 from dynatree.errors import DynaTreeError
-from tiny import perturbed, tiny_model
-from tiny_tok import VOCAB, tiny_tokenizer
-
-SRC = Path(__file__).resolve().parents[1] / "src"
+from cli_helpers import error_lines, save_pair, subprocess_env
+from tiny import tiny_model
+from tiny_tok import VOCAB
 
 
 def row(n: int) -> dict[str, Any]:
@@ -136,13 +135,10 @@ def test_overwrite_in_a_read_only_folder_is_a_one_line_error(tmp_path: Path, mon
 @pytest.fixture(scope="module")
 def saved_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("pair")
-    target = tiny_model("llama", 0, vocab=VOCAB)
-    for name, model in (("target", target), ("draft", perturbed(target))):
-        model.save_pretrained(root / name)
-        tiny_tokenizer().save_pretrained(root / name)
+    target, draft = save_pair(root, tiny_model("llama", 0, vocab=VOCAB))
     prompts = root / "prompts.txt"
     prompts.write_text("the quick brown fox jumps over\n\nthe lazy dog sleeps under the tree\n")
-    return root / "target", root / "draft", prompts
+    return target, draft, prompts
 
 
 @pytest.mark.slow
@@ -167,11 +163,10 @@ def test_bench_on_a_full_disk_keeps_the_saved_rows(saved_pair, tmp_path: Path) -
            "--strategies", "autoregressive,linear:k=3", "--dataset", str(prompts), "--num-prompts", "2",
            "--max-prompt-tokens", "16", "--max-new-tokens", "8", "--warmup", "0", "--no-progress",
            "--threads", "1", "--output", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}
+    env = subprocess_env(PYTHONDONTWRITEBYTECODE="1")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, preexec_fn=small_disk)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: cannot write results file '{out}': File too large; the 2 row(s) saved before "
-                      "are intact, rerun the same command to continue"], done.stderr
+    assert error_lines(done.stderr) == [f"error: cannot write results file '{out}': File too large; the 2 row(s) "
+                                        "saved before are intact, rerun the same command to continue"], done.stderr
     assert out.read_bytes() == before

@@ -23,11 +23,13 @@ from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.drafts.distilled import DraftConfig
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.drafts.feature_head import FeatureDraft
 from test_distill import DOCS, SMALL, ByteTokenizer, tiny_target
 from tiny import SMALL_TREES, tiny_model
 
 PROMPT = torch.tensor([[3, 17, 42, 5, 9, 11, 23]])
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 def feature_draft(target: torch.nn.Module, seed: int = 0) -> FeatureDraft:
@@ -46,9 +48,9 @@ def feature_draft(target: torch.nn.Module, seed: int = 0) -> FeatureDraft:
 def test_greedy_output_equals_autoregressive(strategy: str, engine: str) -> None:
     target = tiny_model("llama", 0)
     draft = feature_draft(target)
-    ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=30, eos_token_id=[]).sequences
-    out = generate(target, draft, PROMPT, strategy, max_new_tokens=30, eos_token_id=[], engine=engine,
-                   **SMALL_TREES[strategy])
+    ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=30, stopping=NO_EOS).sequences
+    out = generate(target, draft, PROMPT, strategy, max_new_tokens=30, stopping=NO_EOS,
+                   options=EngineOptions(engine=engine), **SMALL_TREES[strategy])
     assert torch.equal(out.sequences, ref)
 
 
@@ -74,7 +76,7 @@ def _pending_features_are_the_targets(monkeypatch: pytest.MonkeyPatch, corrupt: 
             return logits, rows
 
         monkeypatch.setattr(E, "tree_forward", shifted)
-    seq = generate(target, draft, PROMPT, "linear", max_new_tokens=40, eos_token_id=[], k=3).sequences
+    seq = generate(target, draft, PROMPT, "linear", max_new_tokens=40, stopping=NO_EOS, k=3).sequences
     with torch.no_grad():
         ref = target.base_model(input_ids=seq).last_hidden_state[0]
     assert len(seen) > 5
@@ -141,8 +143,8 @@ def test_training_learns_resumes_and_loads(tmp_path: Path) -> None:
     assert target.get_input_embeddings().weight.grad is None, "the shared embedding must stay frozen"
     draft = load_distilled_draft(target, final)
     assert isinstance(draft, FeatureDraft) and draft.draft_config.kind == "feature"
-    ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=12, eos_token_id=[]).sequences
-    assert torch.equal(generate(target, draft, PROMPT, "dynatree", max_new_tokens=12, eos_token_id=[]).sequences, ref)
+    ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=12, stopping=NO_EOS).sequences
+    assert torch.equal(generate(target, draft, PROMPT, "dynatree", max_new_tokens=12, stopping=NO_EOS).sequences, ref)
     # resuming a finished run trains no further step and gives the same weights
     again = F.distill_features(target, ByteTokenizer(), out_dir=tmp_path / "a", config=cfg, documents=DOCS,
                                target_name="tiny", progress=False)
@@ -155,7 +157,8 @@ def test_training_learns_resumes_and_loads(tmp_path: Path) -> None:
 def test_refuses_kv_window() -> None:
     target = tiny_model("llama", 0)
     with pytest.raises(DynaTreeError, match="feature-conditioned draft"):
-        generate(target, feature_draft(target), PROMPT, "linear", max_new_tokens=8, kv_window=16)
+        generate(target, feature_draft(target), PROMPT, "linear", max_new_tokens=8,
+                 options=EngineOptions(kv_window=16))
 
 
 @pytest.mark.parametrize("strategy", ["dyspec", "dynatree"])
@@ -188,8 +191,8 @@ def test_hybrid_with_the_text_queues_features_of_skipped_rounds(confident: float
 
     target = tiny_model("llama", 0)
     prompt = torch.cat([PROMPT, PROMPT, PROMPT[:, :3]], dim=1)
-    ref = generate(target, None, prompt, "autoregressive", max_new_tokens=40, eos_token_id=[]).sequences
+    ref = generate(target, None, prompt, "autoregressive", max_new_tokens=40, stopping=NO_EOS).sequences
     out = generate(target, TextDraft(model=feature_draft(target), confident=confident), prompt, "dynatree",
-                   max_new_tokens=40, eos_token_id=[])
+                   max_new_tokens=40, stopping=NO_EOS)
     assert torch.equal(out.sequences, ref)
     assert sum(r.draft_calls for r in out.stats.rounds) > 0

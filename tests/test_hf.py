@@ -106,8 +106,9 @@ def test_generation_arguments_reach_the_engine(monkeypatch: pytest.MonkeyPatch) 
                         strategy_options={"k": 2}, do_sample=True, temperature=0.7, top_p=0.9, max_new_tokens=11,
                         eos_token_id=[5, 6], engine_options={"seed": 3})
     assert seen["strategy"] == "linear" and seen["k"] == 2 and seen["seed"] == 3
-    assert (seen["temperature"], seen["top_k"], seen["top_p"]) == (0.7, 7, 0.9)
-    assert seen["max_new_tokens"] == 11 and list(seen["eos_token_id"]) == [5, 6]
+    sampling = seen["sampling"]
+    assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.7, 7, 0.9)
+    assert seen["max_new_tokens"] == 11 and seen["stopping"].eos_token_id == (5, 6)
 
 
 class Recorder(BaseStreamer):

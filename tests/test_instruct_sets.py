@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dynatree.text import corpora
+from dynatree.text import corpora, python_source
 from dynatree.bench import instruct
 from dynatree.bench.datasets import load_prompt_ids, load_prompts
 from dynatree.catalog import PROMPT_SETS
@@ -119,7 +119,7 @@ def test_code_prompts_hold_a_real_stdlib_function_of_their_module() -> None:
         tree = ast.parse(code)
         assert isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef))
         module = e.source.split("/", 1)[1]
-        source = (instruct._stdlib_root() / f"{module}.py").read_text(encoding="utf-8")
+        source = (python_source.stdlib_root() / f"{module}.py").read_text(encoding="utf-8")
         assert f"def {tree.body[0].name}(" in source
 
 

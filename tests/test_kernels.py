@@ -69,7 +69,9 @@ def test_engine_with_kernel_is_exact() -> None:
     ref = hf_greedy(target, ids, 16)
     target.set_attn_implementation(register())
     try:
-        out = dynatree.generate(target, draft, ids, "fixed", max_new_tokens=16, eos_token_id=[], depth=3, branch=3, tau=0.0, max_nodes=40)
+        out = dynatree.generate(target, draft, ids, "fixed", max_new_tokens=16,
+                                stopping=dynatree.StoppingConfig(eos_token_id=()), depth=3, branch=3, tau=0.0,
+                                max_nodes=40)
     finally:
         target.set_attn_implementation("sdpa")
     assert torch.equal(out.sequences, ref)

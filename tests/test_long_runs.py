@@ -22,6 +22,7 @@ from dynatree import STRATEGIES
 from tiny import hf_greedy, perturbed, tiny_model
 
 N = 10_000
+NO_EOS = dynatree.StoppingConfig(eos_token_id=())
 # Small trees keep 10,000 tokens affordable in CI; the point is the number of rounds, not tree size.
 OPTIONS = {"fixed": {"depth": 3, "branch": 2, "max_nodes": 8}, "dynatree": {"max_nodes": 8},
            "dyspec": {"max_nodes": 8}, "dyspec-threshold": {"threshold": 0.05, "max_nodes": 8}}
@@ -49,7 +50,8 @@ def test_ten_thousand_tokens_exact_and_bounded(setup, strategy: str, monkeypatch
             lengths.append((peak, self.length))
 
     monkeypatch.setattr(CachedModel, "compact", checked_compact)
-    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=N, eos_token_id=[], **OPTIONS.get(strategy, {}))
+    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=N, stopping=NO_EOS,
+                            **OPTIONS.get(strategy, {}))
     assert torch.equal(out.sequences, ref)
 
     # After round r the target caches exactly prompt + committed - 1 tokens (the root is pending),
@@ -90,7 +92,7 @@ def _creep(monkeypatch: pytest.MonkeyPatch | None = None) -> float:
     ids = torch.randint(2, 4000, (1, 8), generator=torch.Generator().manual_seed(3))
     policy = _RssLinear()
     gc.collect()
-    dynatree.generate(target, draft, ids, policy, max_new_tokens=3000, eos_token_id=[])
+    dynatree.generate(target, draft, ids, policy, max_new_tokens=3000, stopping=NO_EOS)
     q = len(policy.rss) // 4
     return (max(policy.rss[-q:]) - max(policy.rss[q : 2 * q])) / 2**20
 

@@ -29,7 +29,8 @@ def detected(arch: str) -> bool:
     ids = torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(4))
     ref = target.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None, pad_token_id=0)
     for strategy, opts in CONFIGS:
-        out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, eos_token_id=[], **opts)
+        out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40,
+                                stopping=dynatree.StoppingConfig(eos_token_id=()), **opts)
         if not torch.equal(out.sequences, ref):
             return True
     return False

@@ -1,5 +1,6 @@
-"""EngineOptions: every engine setting checked in one place, one line per refusal, and the same
-run whether the settings come as generate's keywords or as one ``options=`` object."""
+"""EngineOptions: every engine setting checked in one place, one line per refusal, and generate
+running the engine its ``options=`` name. (The deprecated flat keywords, ``engine=`` and the like,
+and their clash with ``options=`` are tested in test_generation_config.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from tiny import perturbed, tiny_model
 
 import dynatree
-from dynatree import DynaTreeError, EngineOptions
+from dynatree import DynaTreeError, EngineOptions, StoppingConfig
 from dynatree.runtime import engines
 
 
@@ -71,20 +72,16 @@ def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
 IDS = torch.tensor([[5, 6, 7, 8, 9]])
 
 
-def test_generate_takes_options_or_keywords_alike(pair) -> None:
+def test_generate_takes_options(pair) -> None:
     target, draft = pair
-    run = dict(max_new_tokens=10, eos_token_id=[])
-    by_keywords = dynatree.generate(target, draft, IDS, "linear", k=3, engine="static", tree_order="dfs", **run)
+    run = dict(max_new_tokens=10, stopping=StoppingConfig(eos_token_id=()))
     opts = EngineOptions(engine="static", tree_order="dfs")
     by_options = dynatree.generate(target, draft, IDS, "linear", k=3, options=opts, **run)
-    reference = dynatree.generate(target, None, IDS, "autoregressive", engine="hf", **run)
-    assert torch.equal(by_keywords.sequences, by_options.sequences)
+    reference = dynatree.generate(target, None, IDS, "autoregressive", options=EngineOptions(engine="hf"), **run)
     assert torch.equal(by_options.sequences, reference.sequences)
     assert any(key[1].buckets is None for key in engines._STATIC[target])  # it ran the static engine
-    with pytest.raises(DynaTreeError, match="engine='hf' vs options.engine='static'"):
-        dynatree.generate(target, draft, IDS, "linear", engine="hf", options=opts, **run)
     with pytest.raises(DynaTreeError, match="unknown tree_order"):  # refused before any model call
-        dynatree.generate(target, draft, IDS, "linear", tree_order="random", **run)
+        dynatree.generate(target, draft, IDS, "linear", options=EngineOptions(tree_order="random"), **run)
 
 
 def test_precompile_refuses_the_hf_engine(pair) -> None:

@@ -15,6 +15,8 @@ measured values).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from tiny import perturbed, tiny_model
@@ -24,6 +26,7 @@ from dynatree.core import verify
 from dynatree.errors import DynaTreeError
 from dynatree.core.sampling import SamplingConfig, draw, target_probs, without
 from dynatree.core.tree import TreeBuilder
+from dynatree.options import StoppingConfig
 
 ALPHA = 1e-4
 V = 16
@@ -31,6 +34,8 @@ PROMPT = [2]  # one token: no prefill forward, so runs are cheap
 RUNS = 400  # seeded generate() calls per strategy
 POSITIONS = 3  # first generated tokens compared with the target's exact marginals
 T_MAIN = 0.6  # DySpec's "high temperature" setting
+NO_EOS = StoppingConfig(eos_token_id=())
+SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingConfig)}
 
 STRATEGIES = [  # small trees: fast, yet the 3rd token is produced inside the first round often
     ("autoregressive", {}),
@@ -87,8 +92,8 @@ def sample_runs(models, strategy: str, opts: dict, cfg: SamplingConfig) -> tuple
     deep = 0
     for seed in range(RUNS):
         out = dynatree.generate(
-            target, draft, PROMPT, strategy, max_new_tokens=POSITIONS, eos_token_id=[],
-            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, **opts,
+            target, draft, PROMPT, strategy, max_new_tokens=POSITIONS, stopping=NO_EOS, sampling=cfg, seed=seed,
+            **opts,
         )
         tokens = out.sequences[0, len(PROMPT):]
         counts[torch.arange(POSITIONS), tokens] += 1
@@ -217,7 +222,8 @@ def test_seeded_runs_are_reproducible(models, strategy: str, opts: dict) -> None
 
     def run(**kw):
         return dynatree.generate(
-            target, draft, [2, 5], strategy, max_new_tokens=12, eos_token_id=[], temperature=1.0, **opts, **kw
+            target, draft, [2, 5], strategy, max_new_tokens=12, stopping=NO_EOS, sampling=SamplingConfig(1.0),
+            **opts, **kw
         )
 
     a, b = run(seed=7), run(seed=7)
@@ -237,9 +243,9 @@ def test_dyspec_greedy_is_exact_whatever_the_seed(models, strategy: str) -> None
     """At temperature 0 the DySpec tree is still sampled (draft temperature 0.6), so its shape
     varies with the seed; the output must not."""
     target, draft = models
-    ref = dynatree.generate(target, None, [2, 5], "autoregressive", max_new_tokens=15, eos_token_id=[])
+    ref = dynatree.generate(target, None, [2, 5], "autoregressive", max_new_tokens=15, stopping=NO_EOS)
     for seed in range(3):
-        out = dynatree.generate(target, draft, [2, 5], strategy, max_new_tokens=15, eos_token_id=[], seed=seed)
+        out = dynatree.generate(target, draft, [2, 5], strategy, max_new_tokens=15, stopping=NO_EOS, seed=seed)
         assert torch.equal(out.sequences, ref.sequences)
 
 
@@ -261,8 +267,11 @@ def test_dyspec_greedy_is_exact_whatever_the_seed(models, strategy: str) -> None
 )
 def test_argument_validation(models, kwargs: dict, name: str) -> None:
     target, draft = models
+    sampling = {k: v for k, v in kwargs.items() if k in SAMPLING_FIELDS}  # checked where the group is built
+    rest = {k: v for k, v in kwargs.items() if k not in SAMPLING_FIELDS}  # seed=, generator=: by generate
     with pytest.raises(DynaTreeError, match=rf"invalid {name}=") as err:
-        dynatree.generate(target, draft, PROMPT, "dyspec", max_new_tokens=2, **kwargs)
+        dynatree.generate(target, draft, PROMPT, "dyspec", max_new_tokens=2,
+                          sampling=SamplingConfig(**sampling) if sampling else None, **rest)
     assert "\n" not in str(err.value)
 
 

@@ -20,7 +20,7 @@ import torch
 
 import dynatree
 import dynatree.runtime.cache
-from dynatree import STRATEGIES
+from dynatree import STRATEGIES, EngineOptions, SamplingConfig, StoppingConfig
 from dynatree.runtime.cache import CachedModel, StaticCachedModel
 from dynatree.errors import DynaTreeError
 from dynatree.core.tree import TreeBuilder
@@ -36,6 +36,7 @@ OPTIONS: dict[str, dict] = {
     "dyspec-threshold": {"threshold": 0.01, "max_nodes": 16},
 }
 PROMPT, NEW = 6, 24
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -66,7 +67,7 @@ def reference(arch: str, window: int = 6) -> torch.Tensor:
 def run(arch: str, strategy: str, window: int = 6, **kw) -> torch.Tensor:
     target, draft = models(arch, window)
     opts = {**OPTIONS.get(strategy, {}), **kw}
-    return dynatree.generate(target, draft, prompt(), strategy, max_new_tokens=NEW, eos_token_id=[], **opts).sequences
+    return dynatree.generate(target, draft, prompt(), strategy, max_new_tokens=NEW, stopping=NO_EOS, **opts).sequences
 
 
 def test_models_really_slide() -> None:
@@ -84,9 +85,11 @@ def test_models_really_slide() -> None:
 def test_every_strategy_equals_target(arch: str, strategy: str) -> None:
     ref = reference(arch)
     for engine in ("hf", "static"):
-        assert torch.equal(run(arch, strategy, engine=engine), ref), (arch, strategy, engine, "greedy")
+        out = run(arch, strategy, options=EngineOptions(engine=engine))
+        assert torch.equal(out, ref), (arch, strategy, engine, "greedy")
     # Sampling verifier (rejection sampling, residuals) on a point-mass target distribution.
-    assert torch.equal(run(arch, strategy, temperature=1.0, top_k=1, seed=3), ref), (arch, strategy, "sampled")
+    out = run(arch, strategy, sampling=SamplingConfig(temperature=1.0, top_k=1), seed=3)
+    assert torch.equal(out, ref), (arch, strategy, "sampled")
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma3"])
@@ -95,7 +98,7 @@ def test_trees_deeper_than_the_window(arch: str) -> None:
     ref = reference(arch, 3)
     for strategy, engine in [("linear", "hf"), ("fixed", "static")]:
         opts = {"k": 5} if strategy == "linear" else {"depth": 5}
-        assert torch.equal(run(arch, strategy, 3, engine=engine, **opts), ref), (arch, strategy)
+        assert torch.equal(run(arch, strategy, 3, options=EngineOptions(engine=engine), **opts), ref), (arch, strategy)
 
 
 def random_tree(root: int, size: int, seed: int) -> TreeBuilder:
@@ -212,7 +215,7 @@ def test_full_attention_models_have_no_layout() -> None:
 @pytest.mark.parametrize("arch", ["mistral", "gemma3"])
 def test_streaming_eviction_is_refused(arch: str) -> None:
     with pytest.raises(DynaTreeError, match=r"^KV eviction \(kv_window\) cannot be combined with sliding-window"):
-        run(arch, "linear", kv_window=16)
+        run(arch, "linear", options=EngineOptions(kv_window=16))
 
 
 def test_layout_describes_itself() -> None:

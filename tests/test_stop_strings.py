@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import dynatree
-from dynatree import DynaTreeError
+from dynatree import DynaTreeError, StoppingConfig
 from tiny import perturbed, tiny_model
 
 VOCAB = 300
@@ -37,8 +37,8 @@ def test_stop_string_matches_hf(tokenizer, strategy: str) -> None:
     stop = text[len(text) // 2 : len(text) // 2 + 3]  # a piece from the middle, maybe across tokens
     ref = target.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None, pad_token_id=0,
                           stop_strings=[stop], tokenizer=tokenizer)
-    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, eos_token_id=[],
-                            stop_strings=stop, tokenizer=tokenizer)
+    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40,
+                            stopping=StoppingConfig(eos_token_id=(), stop_strings=(stop,)), tokenizer=tokenizer)
     assert ref.shape[1] < free.shape[1]  # the stop string did stop HF early
     assert torch.equal(out.sequences, ref)
     assert stop in tokenizer.decode(out.sequences[0, 5:])
@@ -47,4 +47,4 @@ def test_stop_string_matches_hf(tokenizer, strategy: str) -> None:
 def test_stop_strings_need_a_tokenizer() -> None:
     target = tiny_model("llama", 0)
     with pytest.raises(DynaTreeError, match="stop_strings need a tokenizer"):
-        dynatree.generate(target, None, [3, 4], "autoregressive", stop_strings=["x"])
+        dynatree.generate(target, None, [3, 4], "autoregressive", stopping=StoppingConfig(stop_strings=("x",)))

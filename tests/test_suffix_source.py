@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny import hf_greedy, perturbed, tiny_model
 
-from dynatree import generate
+from dynatree import EngineOptions, SamplingConfig, StoppingConfig, generate
 from dynatree.core.tree import TreeBuilder
 from dynatree.drafts.suffix import HybridDraft, SuffixDraft, TextDraft, merge
 from dynatree.drafts.suffix_index import Proposal
@@ -15,6 +15,7 @@ from dynatree.drafts.registry import source_for
 from dynatree.errors import DynaTreeError
 
 ARCHS = ["llama", "neox", "qwen2", "gpt2"]
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 def repetitive_prompt(vocab: int, seed: int = 0) -> torch.Tensor:
@@ -31,7 +32,7 @@ def reference(target: torch.nn.Module, ids: torch.Tensor, n: int) -> list[int]:
 def test_no_draft_model_speculates_from_the_text_and_stays_exact(arch: str) -> None:
     target = tiny_model(arch, seed=1)
     ids = repetitive_prompt(target.config.vocab_size)
-    out = generate(target, None, ids, max_new_tokens=40, eos_token_id=[])
+    out = generate(target, None, ids, max_new_tokens=40, stopping=NO_EOS)
     assert out.sequences[0].tolist() == reference(target, ids, 40)
     assert out.stats.strategy == "dynatree"
     assert sum(r.drafted for r in out.stats.rounds) > 0  # the text proposed something
@@ -43,7 +44,7 @@ def test_hybrid_tree_is_exact_for_every_strategy(strategy: str, confident: float
     target, draft = tiny_model("llama", seed=1), tiny_model("llama", seed=2)
     ids = repetitive_prompt(target.config.vocab_size, seed=3)
     out = generate(target, TextDraft(model=draft, confident=confident), ids, strategy=strategy, max_new_tokens=33,
-                   eos_token_id=[])
+                   stopping=NO_EOS)
     assert out.sequences[0].tolist() == reference(target, ids, 33)
     calls = sum(r.draft_calls for r in out.stats.rounds)
     assert (calls == 0) == (confident == 0.0)  # confident=0: the model never runs
@@ -54,7 +55,7 @@ def test_eos_inside_a_suffix_branch_stops_there() -> None:
     ids = repetitive_prompt(target.config.vocab_size)
     ref = reference(target, ids, 30)[len(ids):]
     eos = ref[7]
-    out = generate(target, None, ids, max_new_tokens=30, eos_token_id=eos)
+    out = generate(target, None, ids, max_new_tokens=30, stopping=StoppingConfig(eos_token_id=eos))
     new = out.sequences[0, len(ids):].tolist()
     assert new == ref[: ref.index(eos) + 1]
 
@@ -62,8 +63,9 @@ def test_eos_inside_a_suffix_branch_stops_there() -> None:
 def test_sampling_with_the_text_draft_is_reproducible_and_in_range() -> None:
     target = tiny_model("llama", seed=1)
     ids = repetitive_prompt(target.config.vocab_size)
-    a = generate(target, None, ids, max_new_tokens=20, temperature=0.8, seed=5, eos_token_id=[])
-    b = generate(target, None, ids, max_new_tokens=20, temperature=0.8, seed=5, eos_token_id=[])
+    sampled = SamplingConfig(temperature=0.8)
+    a = generate(target, None, ids, max_new_tokens=20, sampling=sampled, seed=5, stopping=NO_EOS)
+    b = generate(target, None, ids, max_new_tokens=20, sampling=sampled, seed=5, stopping=NO_EOS)
     assert torch.equal(a.sequences, b.sequences)
 
 
@@ -96,9 +98,9 @@ def test_a_broken_index_commit_drafts_worse(monkeypatch: pytest.MonkeyPatch) -> 
     target = tiny_model("llama", seed=1)
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
     whole = TextDraft(trim=False)
-    good = generate(target, whole, ids, max_new_tokens=120, eos_token_id=[])  # (the tiny model's output loops)
+    good = generate(target, whole, ids, max_new_tokens=120, stopping=NO_EOS)  # (the tiny model's output loops)
     monkeypatch.setattr(SuffixDraft, "commit", lambda self, tree, accepted, bonus, features=None: None)
-    bad = generate(target, whole, ids, max_new_tokens=120, eos_token_id=[])
+    bad = generate(target, whole, ids, max_new_tokens=120, stopping=NO_EOS)
     assert torch.equal(good.sequences, bad.sequences)  # exact either way...
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731
     assert accepted(good) > accepted(bad)  # ...but only the full index drafts well
@@ -110,8 +112,9 @@ def test_a_hybrid_tree_fits_the_static_engine_s_largest_bucket() -> None:
     target = tiny_model("llama", seed=1)
     draft = perturbed(target, noise=0.05)
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
-    out = generate(target, TextDraft(model=draft, confident=1e9), ids, "fixed", max_new_tokens=24, eos_token_id=[],
-                   engine="static", buckets=(1, 4, 16), max_nodes=15, depth=4, branch=2, tau=0.0)
+    out = generate(target, TextDraft(model=draft, confident=1e9), ids, "fixed", max_new_tokens=24, stopping=NO_EOS,
+                   options=EngineOptions(engine="static", buckets=(1, 4, 16)), max_nodes=15, depth=4, branch=2,
+                   tau=0.0)
     assert out.sequences[0].tolist() == reference(target, ids, 24)
     assert max(r.drafted for r in out.stats.rounds) <= 15
 
@@ -124,7 +127,7 @@ def test_text_sources_under_kv_eviction_equal_autoregressive_under_the_same_evic
     target = tiny_model("llama", seed=1)
     draft = TextDraft(trim=False) if source == "text" else TextDraft(model=perturbed(target, noise=0.05), trim=False)
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
-    run = dict(max_new_tokens=60, eos_token_id=[], kv_window=48, engine="hf")
+    run = dict(max_new_tokens=60, stopping=NO_EOS, options=EngineOptions(kv_window=48, engine="hf"))
     out = generate(target, draft, ids, **run)
     ref = generate(target, None, ids, "autoregressive", **run)
     assert torch.equal(out.sequences, ref.sequences)

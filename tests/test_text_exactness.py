@@ -33,7 +33,7 @@ from tiny import ARCHS, SMALL_TREES, VOCAB, perturbed, tiny_model
 import dynatree
 import dynatree.core.verify
 import dynatree.loop.generate
-from dynatree import STRATEGIES
+from dynatree import STRATEGIES, StoppingConfig
 from dynatree.core.tree import children_lists
 from dynatree.drafts import suffix
 from dynatree.drafts.suffix import TextDraft
@@ -142,7 +142,7 @@ def run(arch: str, source: str, strategy: str, prompt: tuple[int, ...], n: int, 
         merge=REAL_MERGE, trim: bool = False, **kw) -> tuple[tuple[int, ...], Recorder, object]:
     with recording(merge) as rec:
         out = dynatree.generate(models(arch)[0], draft_for(arch, source, trim), list(prompt), strategy, max_new_tokens=n,
-                                eos_token_id=[] if eos is None else [eos], on_round=rec,
+                                stopping=StoppingConfig(eos_token_id=() if eos is None else (eos,)), on_round=rec,
                                 **SMALL_TREES.get(strategy, {}), **kw)
     return tuple(out.sequences[0].tolist()), rec, out.stats
 

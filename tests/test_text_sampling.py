@@ -5,9 +5,9 @@ DySpec samples the other rounds) follow the target's distribution.
 Same statistic as tests/test_sampling.py (Pearson chi-square of the first POSITIONS tokens over
 RUNS seeded runs against the target's exact marginals, enumerated; ALPHA = 1e-4 per check). The
 runs are seeded, so the outcome is fixed. The prompt is a sample of the target itself (seed 4 of
-``generate(target, None, [2], "autoregressive", temperature=0.6, max_new_tokens=20)``), so the
-text's proposals, which continue its repeats, are often what the target draws: many are accepted,
-many rejected, and the root's text children have count ratios below 1 (two continuations).
+``generate(target, None, [2], "autoregressive", max_new_tokens=20, sampling=SamplingConfig(temperature=0.6))``),
+so the text's proposals, which continue its repeats, are often what the target draws: many are
+accepted, many rejected, and the root's text children have count ratios below 1 (two continuations).
 
 Suffix children are deterministic proposals: the verifier must treat them as q = 1 (point mass),
 whatever count ratio they carry in ``logq``. Controls: verifiers that skip the rejection step for
@@ -34,12 +34,15 @@ from dynatree.core.sampling import SamplingConfig, draw, target_probs, uniform, 
 from dynatree.core.tree import children_lists
 from dynatree.drafts import suffix
 from dynatree.drafts.suffix import TextDraft
+from dynatree.options import StoppingConfig
 
 V = 16
 PROMPT = [2, 13, 13, 0, 14, 13, 12, 4, 11, 7, 3, 9, 13, 4, 2, 3, 10, 4, 9, 10, 3]
 RUNS = 600
 POSITIONS = 3
 T = 0.6
+SAMPLED = SamplingConfig(temperature=T)
+NO_EOS = StoppingConfig(eos_token_id=())
 REAL_MERGE = suffix.merge
 
 # name: (TextDraft options or None for draft=None, strategy, strategy options)
@@ -122,8 +125,8 @@ def sample(models, exact, config: str, merge=REAL_MERGE) -> tuple[list[float], T
     try:
         for seed in range(RUNS):
             tally.new_run()
-            out = dynatree.generate(target, source, PROMPT, strategy, max_new_tokens=POSITIONS, eos_token_id=[],
-                                    temperature=T, seed=seed, on_round=tally, **opts)
+            out = dynatree.generate(target, source, PROMPT, strategy, max_new_tokens=POSITIONS, stopping=NO_EOS,
+                                    sampling=SAMPLED, seed=seed, on_round=tally, **opts)
             counts[torch.arange(POSITIONS), out.sequences[0, len(PROMPT):]] += 1
     finally:
         suffix.merge = REAL_MERGE

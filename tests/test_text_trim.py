@@ -26,6 +26,8 @@ from dynatree.drafts.suffix import HybridDraft, StepAcceptance, SuffixDraft, Tex
 from dynatree.drafts.suffix_index import Proposal, SuffixIndex
 from dynatree.errors import DynaTreeError
 
+NO_EOS = dynatree.StoppingConfig(eos_token_id=())
+
 
 def flat() -> CostProfile:
     return CostProfile((1, 2), (1.0, 1.0))
@@ -213,7 +215,7 @@ def test_control_a_source_that_never_learns_keeps_drafting_what_is_rejected(monk
     ids = torch.cat([block, block, block[:5]]).tolist()
 
     def nodes_per_round() -> float:
-        r = dynatree.generate(target, TextDraft(), ids, max_new_tokens=60, eos_token_id=[])
+        r = dynatree.generate(target, TextDraft(), ids, max_new_tokens=60, stopping=NO_EOS)
         return sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds
 
     learning = nodes_per_round()
@@ -231,7 +233,7 @@ def test_hybrid_learns_from_every_round_s_whole_proposal(monkeypatch) -> None:
     target = tiny_model("llama", seed=1)
     events = []
     r = dynatree.generate(target, TextDraft(model=perturbed(target, noise=0.05), confident=1e9),
-                          uncertain_prompt(), max_new_tokens=30, eos_token_id=[], on_round=events.append)
+                          uncertain_prompt(), max_new_tokens=30, stopping=NO_EOS, on_round=events.append)
     assert len(seen) == r.stats.num_rounds
     assert [c for _, c in seen][:-1] == [e.tokens for e in events][:-1]  # (the last round may be cut short)
     assert any(n > 0 for n, _ in seen)
@@ -321,8 +323,8 @@ def test_the_cut_stays_exact_on_or_off(source: str, confident: float) -> None:
     runs = {}
     for on in (True, False):
         runs[on] = dynatree.generate(target, TextDraft(model=model, trim=on, confident=confident), ids,
-                                     max_new_tokens=40, eos_token_id=[])
-    ref = dynatree.generate(target, None, ids, "autoregressive", max_new_tokens=40, eos_token_id=[])
+                                     max_new_tokens=40, stopping=NO_EOS)
+    ref = dynatree.generate(target, None, ids, "autoregressive", max_new_tokens=40, stopping=NO_EOS)
     for r in runs.values():
         assert torch.equal(r.sequences, ref.sequences)
     if source == "text":  # the default CPU curve cuts this prompt's unsure proposals
@@ -345,14 +347,14 @@ def test_the_loop_hands_a_measured_profile_to_the_text_source(tmp_path, monkeypa
     monkeypatch.setattr(costmodel, "measure", fake_measure)
     target = tiny_model("llama", seed=1)
     ids = uncertain_prompt(seed=1)
-    r = dynatree.generate(target, None, ids, max_new_tokens=16, eos_token_id=[])
+    r = dynatree.generate(target, None, ids, max_new_tokens=16, stopping=NO_EOS)
     assert measured == [11] and sum(x.drafted for x in r.stats.rounds) == 0
-    full = dynatree.generate(target, TextDraft(trim=False), ids, max_new_tokens=16, eos_token_id=[])
+    full = dynatree.generate(target, TextDraft(trim=False), ids, max_new_tokens=16, stopping=NO_EOS)
     assert measured == [11]  # trim=False asks for no profile
     assert sum(x.drafted for x in full.stats.rounds) > 0 and torch.equal(r.sequences, full.sequences)
     model = perturbed(target, noise=0.05)
     hybrid = {on: dynatree.generate(target, TextDraft(model=model, trim=on, confident=1e9), ids, max_new_tokens=16,
-                                    eos_token_id=[]) for on in (True, False)}
+                                    stopping=NO_EOS) for on in (True, False)}
     drafted = {on: sum(x.drafted for x in h.stats.rounds) for on, h in hybrid.items()}
     assert drafted[True] <= len(hybrid[True].stats.rounds) // 8 + 1  # the policy's one-node probes only
     assert drafted[False] > drafted[True] + 8  # uncut, the text still fills the (empty) model trees

@@ -18,10 +18,12 @@ import torch
 
 import dynatree
 from dynatree.loop.trace import TraceRecorder, token_text
+from dynatree.options import StoppingConfig
 from tiny import perturbed, tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
 
 OPTIONS = {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2}
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,7 +62,7 @@ def traced_run(tmp_path: Path, tokenizer=None):
     ids = torch.randint(2, VOCAB - 2, (1, 6), generator=torch.Generator().manual_seed(2))
     path = tmp_path / "trace.html"
     recorder = TraceRecorder()  # a second recorder, chained through on_round, to compare against
-    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=30, eos_token_id=[], trace=path,
+    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=30, stopping=NO_EOS, trace=path,
                             tokenizer=tokenizer, on_round=recorder, **OPTIONS)
     return out, path, recorder.rounds
 

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
 
 import dynatree
+from dynatree import EngineOptions, SamplingConfig, StoppingConfig
 from dynatree.runtime import distributed
 from dynatree.runtime import engines
 from dynatree.errors import DynaTreeError
@@ -51,24 +52,24 @@ def main(model_dir: str, out_dir: str) -> None:
     draft = perturbed(tiny_model("llama", 0, max_positions=256))
     ids = torch.tensor([PROMPT])
 
-    def run(strategy: str, **kw: object) -> list[int]:
-        opts = SAMPLED_OPTIONS if kw.get("temperature") else OPTIONS
-        out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=NEW, eos_token_id=[],
-                                **opts[strategy], **kw)
+    def run(strategy: str, sampling: SamplingConfig | None = None, **kw: object) -> list[int]:
+        opts = SAMPLED_OPTIONS if sampling is not None and sampling.temperature else OPTIONS
+        out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=NEW, sampling=sampling,
+                                stopping=StoppingConfig(eos_token_id=()), **opts[strategy], **kw)
         return out.sequences[0].tolist()
 
     res: dict[str, object] = {"sharded": distributed.is_sharded(target)}
     for strategy in OPTIONS:
         res[f"greedy/{strategy}"] = run(strategy)
-        res[f"sampled/{strategy}"] = run(strategy, temperature=TEMPERATURE, seed=SEED)
-    res["greedy-static/dynatree"] = run("dynatree", engine="static")
+        res[f"sampled/{strategy}"] = run(strategy, SamplingConfig(temperature=TEMPERATURE), seed=SEED)
+    res["greedy-static/dynatree"] = run("dynatree", options=EngineOptions(engine="static"))
     # No seed and different global streams per rank: DySpec used to draw different children on
     # each rank and hang; the ranks must now share rank 0's stream.
     torch.manual_seed(100 + rank)
     res["unseeded/dyspec"] = run("dyspec")
-    res["unseeded-sampled/dyspec"] = run("dyspec", temperature=TEMPERATURE)
+    res["unseeded-sampled/dyspec"] = run("dyspec", SamplingConfig(temperature=TEMPERATURE))
     try:
-        run("autoregressive", cpu_linear=True)
+        run("autoregressive", options=EngineOptions(cpu_linear=True))
         res["cpu_linear_true"] = "accepted"
     except DynaTreeError as err:
         res["cpu_linear_true"] = str(err)

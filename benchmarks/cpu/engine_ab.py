@@ -17,6 +17,7 @@ import torch
 
 import dynatree
 from dynatree.loading import models
+from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.cli.bench import _prompts
 
 
@@ -37,8 +38,10 @@ def main() -> None:
     for rep in range(-1, args.reps):
         for strat, eng in configs:
             opts = {"max_nodes": 3} if strat == "dynatree" else {}
-            r = dynatree.generate(target, draft, ids, strat, max_new_tokens=args.tokens, eos_token_id=[], engine=eng,
-                                  compile=False, buckets=(1, 2, 4, 8, 16, 32) if eng == "static" else None, **opts)
+            options = EngineOptions(engine=eng, compile=False,
+                                    buckets=(1, 2, 4, 8, 16, 32) if eng == "static" else None)
+            r = dynatree.generate(target, draft, ids, strat, max_new_tokens=args.tokens,
+                                  stopping=StoppingConfig(eos_token_id=()), options=options, **opts)
             if rep >= 0:
                 got[(strat, eng)].append(r.stats)
     with open(args.out, "a") as f:

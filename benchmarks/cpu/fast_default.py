@@ -22,6 +22,7 @@ import torch
 
 import dynatree
 from dynatree.loading import models
+from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.cli.bench import _prompts
 from dynatree.policies import make_policy
 from dynatree.core.verify import LazyLogits
@@ -43,17 +44,19 @@ def main() -> None:
     target, tok = models.load_model("smollm2-135m")
     draft = models.resolve_draft(models.DEFAULT_DRAFT, target)
     prompts = _prompts("licenses", tok, args.prompts, 128, 0)
-    eng = dict(engine=args.engine, compile=args.compile, buckets=(1, 2, 4, 8, 16, 32) if args.engine == "static" else None)
+    eng = EngineOptions(engine=args.engine, compile=args.compile,
+                        buckets=(1, 2, 4, 8, 16, 32) if args.engine == "static" else None)
+    no_eos = StoppingConfig(eos_token_id=())
     if args.compile:
         t0 = time.perf_counter()
-        dynatree.precompile(target, draft, 128 + args.tokens, buckets=eng["buckets"])
+        dynatree.precompile(target, draft, 128 + args.tokens, buckets=eng.buckets)
         print(f"precompile {time.perf_counter() - t0:.1f} s", flush=True)
     configs = [("ar", "autoregressive", {}, 4), ("dynatree-3-before", "dynatree", {"max_nodes": 3}, 0),
                ("dynatree-3", "dynatree", {"max_nodes": 3}, 4), ("dynatree-auto", "dynatree", {}, 4)]
     t0 = time.perf_counter()
     profile_policy = make_policy("dynatree")
     ids = list(prompts[0].ids)
-    dynatree.generate(target, draft, ids, profile_policy, max_new_tokens=8, eos_token_id=[], **eng)
+    dynatree.generate(target, draft, ids, profile_policy, max_new_tokens=8, stopping=no_eos, options=eng)
     t_profile = time.perf_counter() - t0
     profile = profile_policy.cost_profile
     print("profile", profile, f"({t_profile:.1f} s incl. an 8-token run)", flush=True)
@@ -67,7 +70,7 @@ def main() -> None:
                 if strat == "dynatree" and not opts:
                     policy.use_cost_model(profile)
                 r = dynatree.generate(target, draft, list(p.ids), policy, max_new_tokens=args.tokens,
-                                      eos_token_id=[], **eng)
+                                      stopping=no_eos, options=eng)
                 out = r.sequences[0].tolist()
                 ref = out if ref is None else ref
                 if rep >= 0:

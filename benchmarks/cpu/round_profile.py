@@ -20,6 +20,9 @@ import torch
 
 import dynatree
 from dynatree.loading import models
+from dynatree.options import EngineOptions, StoppingConfig
+
+NO_EOS = StoppingConfig(eos_token_id=())
 
 
 def main() -> None:
@@ -42,16 +45,18 @@ def main() -> None:
     ids = tok(text, return_tensors="pt").input_ids
     configs = []
     for eng in args.engines.split(","):
-        extra = {"engine": eng, "compile": bool(args.compile and eng == "static")}
+        extra = {"engine": eng, "compile": bool(args.compile and eng == "static")}  # EngineOptions fields
         configs.append(("autoregressive", {}, extra))
         configs.append(("dynatree", {"max_nodes": args.max_nodes}, extra))
     for name, opts, extra in configs:  # warm-up (and compile)
-        dynatree.generate(target, draft, ids, name, max_new_tokens=16, eos_token_id=[], **opts, **extra)
+        dynatree.generate(target, draft, ids, name, max_new_tokens=16, stopping=NO_EOS, options=EngineOptions(**extra),
+                          **opts)
     samples: dict[int, list] = {i: [] for i in range(len(configs))}
     outs = {}
     for _ in range(args.reps):
         for i, (name, opts, extra) in enumerate(configs):
-            r = dynatree.generate(target, draft, ids, name, max_new_tokens=args.tokens, eos_token_id=[], **opts, **extra)
+            r = dynatree.generate(target, draft, ids, name, max_new_tokens=args.tokens, stopping=NO_EOS,
+                                  options=EngineOptions(**extra), **opts)
             samples[i].append(r.stats)
             outs.setdefault(i, r.sequences[0].tolist())
     ref = outs[0]
@@ -71,7 +76,8 @@ def main() -> None:
         name, opts, extra = configs[-1]
         pr = cProfile.Profile()
         pr.enable()
-        dynatree.generate(target, draft, ids, name, max_new_tokens=args.tokens, eos_token_id=[], **opts, **extra)
+        dynatree.generate(target, draft, ids, name, max_new_tokens=args.tokens, stopping=NO_EOS,
+                          options=EngineOptions(**extra), **opts)
         pr.disable()
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(35)

@@ -22,7 +22,8 @@ import torch
 import dynatree
 from dynatree.loading import models
 from dynatree.bench.datasets import load_prompt_ids
-from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.drafts.checkpoint import load_distilled_draft
+from dynatree.options import EngineOptions, StoppingConfig
 
 
 def main() -> None:
@@ -55,7 +56,8 @@ def main() -> None:
         ref = None
         for label, strategy, d, opts in configs:
             out = dynatree.generate(target, drafts.get(d), ids, strategy, max_new_tokens=args.tokens,
-                                    eos_token_id=[], engine="hf", **opts)
+                                    stopping=StoppingConfig(eos_token_id=()), options=EngineOptions(engine="hf"),
+                                    **opts)
             s = out.stats
             ref = out.sequences if ref is None else ref
             row = {"dataset": dataset, "label": label, "tok_s": s.tokens_per_second, "mean_L": s.mean_committed,

@@ -19,7 +19,7 @@ import torch
 
 from dynatree.loading import models
 from dynatree.runtime.cache import CachedModel
-from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.drafts.checkpoint import load_distilled_draft
 
 
 def main() -> None:

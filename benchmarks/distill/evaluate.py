@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from dynatree.training.distill import evaluate
 from dynatree.training.config import DistillConfig
 from dynatree.training.data import LabelledData, build_prompts, label_prompts, offline_corpus
-from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.loading.models import load_model, make_early_exit_draft
 
 

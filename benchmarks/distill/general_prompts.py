@@ -9,7 +9,7 @@ import torch
 
 from dynatree.training.distill import evaluate
 from dynatree.training.data import LabelledData, label_batch
-from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.loading.models import load_model
 
 PROMPTS = [

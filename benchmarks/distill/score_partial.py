@@ -20,7 +20,7 @@ import torch
 from dynatree.training.distill import evaluate
 from dynatree.training.config import DistillConfig
 from dynatree.training.data import LabelledData, build_prompts, documents_for
-from dynatree.drafts.distilled import load_distilled_draft
+from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.loading.models import load_model
 
 

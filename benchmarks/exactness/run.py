@@ -109,7 +109,7 @@ def measure(args: argparse.Namespace) -> None:
 
     import dynatree
     from dynatree.loading import models
-    from dynatree.options import EngineOptions
+    from dynatree.options import EngineOptions, StoppingConfig
     from dynatree.runtime.engines import resolve as resolve_options
 
     if args.threads:
@@ -153,7 +153,7 @@ def measure(args: argparse.Namespace) -> None:
                 new = run_hf(target, ids, args.max_new_tokens, row["eos"])
             else:
                 result = dynatree.generate(target, draft, ids, row["strategy"], max_new_tokens=args.max_new_tokens,
-                                           eos_token_id=row["eos"], seed=0, options=options)
+                                           stopping=StoppingConfig(eos_token_id=row["eos"]), seed=0, options=options)
                 new = result.sequences[0, len(ids):].tolist()
                 stats = {"rounds": result.stats.num_rounds, "mean_committed": result.stats.mean_committed}
             seconds = time.perf_counter() - start

@@ -539,6 +539,7 @@ def record_trees(plan: Plan, target: torch.nn.Module, draft: torch.nn.Module, pr
     """One run per drafting strategy (hf engine) with tree_forward wrapped to keep every tree's shape."""
     import dynatree
     from dynatree.loop import generate as engine
+    from dynatree.options import EngineOptions, StoppingConfig
 
     real = engine.tree_forward
     current: list[list[int]] = []
@@ -556,7 +557,8 @@ def record_trees(plan: Plan, target: torch.nn.Module, draft: torch.nn.Module, pr
                     continue
                 current.clear()
                 dynatree.generate(target, draft, list(prompt.ids), spec.name, max_new_tokens=plan.e2e_new_tokens,
-                                  eos_token_id=[], seed=0, cpu_linear=False, **spec.policy_options)
+                                  stopping=StoppingConfig(eos_token_id=()), seed=0,
+                                  options=EngineOptions(cpu_linear=False), **spec.policy_options)
                 for parent in current:
                     f.write(json.dumps({"label": spec.label, "parent": parent}) + "\n")
     finally:

@@ -39,6 +39,7 @@ def timed(buf: torch.Tensor) -> float:
 def draws_per_round() -> float:
     """Random draws per round of a sampled DySpec run (24 nodes) on the tiny Llama pair, unsharded."""
     import dynatree
+    import dynatree.core.verify  # (patched below; generate imports it only when first called)
     from dynatree.core import sampling
     from tiny import perturbed, tiny_model
 
@@ -54,7 +55,8 @@ def draws_per_round() -> float:
     dynatree.core.verify.uniform = counting  # the verifier imported it by name
     target = tiny_model("llama", 0, max_positions=256)
     out = dynatree.generate(target, perturbed(target), torch.tensor([[5, 17, 33, 8]]), "dyspec", max_new_tokens=64,
-                            eos_token_id=[], temperature=0.8, seed=0, max_nodes=24)
+                            stopping=dynatree.StoppingConfig(eos_token_id=()),
+                            sampling=dynatree.SamplingConfig(temperature=0.8), seed=0, max_nodes=24)
     sampling.uniform = original
     dynatree.core.verify.uniform = original
     return count / out.stats.num_rounds

@@ -14,7 +14,7 @@ from dynatree.errors import DynaTreeError
 if TYPE_CHECKING:
     from dynatree.loop.generate import generate
     from dynatree.loop.precompile import precompile
-    from dynatree.options import EngineOptions
+    from dynatree.options import EngineOptions, StoppingConfig
     from dynatree.policies import STRATEGIES, make_policy
     from dynatree.core.stats import GenerationResult, GenerationStats, RoundStats
     from dynatree.core.sampling import SamplingConfig
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "generate": "dynatree.loop.generate", "precompile": "dynatree.loop.precompile", "EngineOptions": "dynatree.options",
+    "StoppingConfig": "dynatree.options",
     "STRATEGIES": "dynatree.policies", "make_policy": "dynatree.policies", "GenerationResult": "dynatree.core.stats",
     "GenerationStats": "dynatree.core.stats", "RoundStats": "dynatree.core.stats",
     # for policies of one's own ("or a policy object") and for drafting from the text
@@ -44,6 +45,7 @@ __all__ = [
     "GenerationStats",
     "RoundStats",
     "SamplingConfig",
+    "StoppingConfig",
     "SuffixCache",
     "TextDraft",
     "TokenTree",

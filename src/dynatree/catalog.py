@@ -115,3 +115,7 @@ DRAFT_TEMPERATURE = 0.6  # DySpec's draft temperature for every target temperatu
 TEXT_DEFAULT = True
 #: ``dynatree chat``: tokens of earlier replies the text source keeps across turns.
 CHAT_CACHE_TOKENS = 65536
+#: ``dynatree bench`` spec option ``text_cache=true``: tokens of the earlier prompts (and their
+#: outputs) a spec's text source keeps across the prompts of a run; the chat's bound, so that a
+#: bench measures what a long-running process would keep.
+BENCH_CACHE_TOKENS = CHAT_CACHE_TOKENS

@@ -72,6 +72,8 @@ class EngineOptions:
             raise DynaTreeError(f"unknown tree_order '{self.tree_order}': must be 'bfs' or 'dfs'")
         if self.kv_window is not None:
             check_window(self.kv_window, self.kv_sinks)
+            if self.engine == "static":
+                raise DynaTreeError("KV eviction (kv_window) works with engine='hf' only")
 
     def replace(self, **changes: Any) -> EngineOptions:
         """A copy with some fields changed (validated again)."""
@@ -137,7 +139,56 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
         raise DynaTreeError(f"--buckets must be comma-separated positive integers, got {text!r}") from None
 
 
-__all__ = ["CacheOptions", "EngineOptions", "parse_buckets"]
+@dataclass(frozen=True)
+class StoppingConfig:
+    """When a :func:`dynatree.generate` run stops before ``max_new_tokens``, validated at construction.
+
+    ``eos_token_id``: stop after this token (or any of these; the token is kept, as HF does). None
+    uses the target's ``generation_config.eos_token_id``, as HF ``generate`` does; ``()`` never
+    stops early. ``stop_strings``: stop once the generated text contains one of these (the token
+    completing it is kept, as with HF ``generate(stop_strings=..., tokenizer=...)``); needs
+    ``generate(tokenizer=...)`` to decode.
+
+    Sequences are stored as tuples, so two equal configs compare (and hash) equal however they were
+    spelled.
+    """
+
+    eos_token_id: int | tuple[int, ...] | None = None
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        eos = self.eos_token_id
+        if eos is not None and not _is_int(eos):
+            ids = _as_tuple(eos)
+            if ids is None or not all(_is_int(t) for t in ids):
+                raise DynaTreeError(f"eos_token_id must be None, a token id or a sequence of token ids, got {eos!r}")
+            object.__setattr__(self, "eos_token_id", tuple(int(t) for t in ids))
+        ids = (self.eos_token_id,) if _is_int(self.eos_token_id) else (self.eos_token_id or ())
+        if any(t < 0 for t in ids):
+            raise DynaTreeError(f"eos_token_id must be >= 0, got {eos!r}")
+        strings = [self.stop_strings] if isinstance(self.stop_strings, str) else _as_tuple(self.stop_strings)
+        if strings is None or any(not isinstance(x, str) or not x for x in strings):
+            raise DynaTreeError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        object.__setattr__(self, "stop_strings", tuple(strings))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_tuple(value: object) -> tuple[Any, ...] | None:
+    """A list, tuple or other iterable (a tensor's ``.tolist()`` included) as a tuple; None if not iterable."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+        if _is_int(value):
+            return (value,)
+    try:
+        return tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+__all__ = ["CacheOptions", "EngineOptions", "StoppingConfig", "parse_buckets"]
 
 
 # ----------------------------------------------------------------- name=value option strings

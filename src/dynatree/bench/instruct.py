@@ -42,17 +42,15 @@ import ast
 import functools
 import random
 import re
-import string
-import sysconfig
-import textwrap
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from dynatree.text import corpora
-from dynatree.text.prose import is_heading_block, is_prose_block, passages
+from dynatree.text import corpora, python_source
+from dynatree.text.prose import (blocks_of, is_heading_block, is_prose_block, is_wrapped_prose, passages, quotable,
+                                 sentences)
+from dynatree.text.templates import fits, render
 from dynatree.errors import DynaTreeError
 from dynatree.bench import instruct_text
 from dynatree.bench.instruct_text import Template
@@ -108,70 +106,13 @@ class _Doc:
     blocks: tuple[str, ...]
 
 
-_UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
-_BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")
-_FOOTNOTE = re.compile(r"\s*\[\d+\]")
-_SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(`])")
-_CODE_SYMBOLS = set("=<>{}[]|\\#@$%^~()")  # not _ * ` ": prose names __aiter__ and *terms*
-
-
 _is_heading, _is_prose = is_heading_block, is_prose_block
 
 
-def _wrapped_prose(body: str) -> bool:
-    """A hard-wrapped paragraph (joined onto one line) rather than code, a table or a diagram:
-    no indented line, no column alignment, no line starting with a symbol, few code symbols."""
-    lines = body.splitlines()
-    if ">>>" in body or any(line[:1].isspace() or re.search(r"\S {3,}\S", line) for line in lines):
-        return False
-    if any(not (line[:1].isalnum() or line[:1] in "\"'(*`") for line in lines):
-        return False
-    return sum(ch in _CODE_SYMBOLS for ch in body) <= 0.04 * len(body)
-
-
 def _blocks(text: str) -> list[str]:
-    """Paragraphs of a reference/licence/docstring text: underlined headings become title lines,
-    grammar productions are dropped, prose is joined onto one line, code keeps its lines."""
-    out = []
-    for block in re.split(r"\n[ \t]*\n", text):
-        if not block.strip() or "::=" in block:
-            continue
-        lines = [line for line in block.splitlines() if line.strip()]
-        if any(_UNDERLINE.match(line.strip()) for line in lines):
-            title = " ".join(line.strip() for line in lines if not _UNDERLINE.match(line.strip()))
-            if title:
-                out.append(title)
-            continue
-        body = textwrap.dedent("\n".join(lines)).rstrip()
-        if _wrapped_prose(body):
-            out.append(_BOLD.sub(r"\1", _FOOTNOTE.sub("", " ".join(body.split()))))
-        else:  # code, tables, diagrams, licence headers: their line breaks are part of them
-            out.append(body)
-    return _split_long(out)
-
-
-def _split_long(blocks: list[str]) -> list[str]:
-    """Blocks longer than a passage's target cut at sentence ends (licences have 4,000-character
-    paragraphs), so every passage can start at a block."""
-    out = []
-    limit = TARGET_PASSAGE_CHARS[1]
-    for block in blocks:
-        if len(block) <= limit or "\n" in block:
-            out.append(block)
-            continue
-        part = ""
-        for sentence in _SENTENCE.split(block):
-            if part and len(part) + len(sentence) > limit // 2:
-                out.append(part)
-                part = ""
-            part = f"{part} {sentence}".strip()
-        if part:
-            out.append(part)
-    return out
-
-
-def _stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+    """A document's blocks: prose joined onto one line only where it passes the strict test (code,
+    tables, diagrams and licence headers keep their lines), cut to the passage target."""
+    return blocks_of(text, TARGET_PASSAGE_CHARS[1], is_wrapped_prose)
 
 
 @functools.lru_cache(maxsize=1)
@@ -179,7 +120,7 @@ def _stdlib_modules() -> tuple[tuple[str, str], ...]:
     """(module name, source) of the top-level modules of the standard library, by name; the
     private ``__hello__``-style modules are left out."""
     out = []
-    for path in sorted(_stdlib_root().glob("*.py")):
+    for path in sorted(python_source.stdlib_root().glob("*.py")):
         if path.stem.startswith("__") or path.stem in ("this", "antigravity"):
             continue
         try:
@@ -200,20 +141,13 @@ def _stdlib_trees() -> tuple[tuple[str, str, ast.Module], ...]:
     return tuple(out)
 
 
-def _family(name: str) -> str:
-    return re.sub(r"-[\d.]+$", "", name)
-
-
 @functools.lru_cache(maxsize=1)
 def _prose_docs() -> tuple[_Doc, ...]:
     """Every document passages are cut from: pydoc topics, the newest version of each licence
     family (versions share most text, a second one would only repeat passages), module docstrings."""
     docs = [_Doc(t.name, "the Python language reference", tuple(_blocks(t.text)))
             for t in sorted(corpora.pydoc_texts(), key=lambda t: t.name)]
-    newest: dict[str, corpora.Text] = {}
-    for text in sorted(corpora.licence_texts(), key=lambda t: t.name):
-        newest[_family(text.name)] = text  # sorted: the last of a family is its newest version
-    for family, text in sorted(newest.items()):
+    for family, text in corpora.newest_licences():
         docs.append(_Doc(text.name, f"the {family.split('/')[-1]} licence text", tuple(_blocks(text.text))))
     for module, _, tree in _stdlib_trees():
         doc = ast.get_docstring(tree)
@@ -263,21 +197,12 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))
 _COND = re.compile(r"(?:^|[.;:]\s+|,\s+)(If|if|When|when)\s+([^,.;:!?()]{12,110}),\s")
 
 
-def _sentences(block: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(block) if s.strip()]
-
-
-def _quotable(sentence: str) -> str | None:
-    """A sentence a conversation may quote: complete, and neither a fragment nor a paragraph."""
-    return sentence if 5 <= len(sentence.split()) <= 60 and sentence.endswith((".", "!", "?")) else None
-
-
 def _passage_fields(doc: _Doc, blocks: Sequence[str]) -> dict[str, Any]:
     """What templates may ask of a passage; a field is None when the passage has no good value."""
     prose = [b for b in blocks if _is_prose(b)]
     passage = "\n\n".join(blocks)
-    first = _quotable(_sentences(prose[0])[0]) if prose else None
-    last = _quotable(_sentences(prose[-1])[-1]) if prose else None
+    first = quotable(sentences(prose[0])[0]) if prose else None
+    last = quotable(sentences(prose[-1])[-1]) if prose else None
     words = Counter(w for w in _WORD.findall(passage) if len(w) >= 5 and w.lower() not in _STOP)
     # identifiers (str.split(), max_length) say more about a passage than its commonest words
     scored = sorted(words.items(), key=lambda kv: -kv[1] * (3 if re.search(r"[._()]", kv[0]) else 1))
@@ -300,56 +225,16 @@ _RENAMES = {"i": "index", "j": "inner_index", "k": "key", "v": "value", "n": "co
 
 def _functions(module: str, source: str, tree: ast.Module) -> list[dict[str, Any]]:
     """Functions and methods of a module whose source is a copyable size, with their fields."""
-    found: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None]] = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found.append((node, None))
-        elif isinstance(node, ast.ClassDef):
-            found += [(n, node.name) for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    out = []
-    for node, cls in found:
-        start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        lines = source.splitlines()[start - 1:node.end_lineno]
-        code = textwrap.dedent("\n".join(lines)).rstrip()
-        if not (MIN_CODE_CHARS <= len(code) <= MAX_CODE_CHARS) or code.count("\n") + 1 > MAX_CODE_LINES:
-            continue
-        params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
-        stored = Counter(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
-        used = Counter(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
-        local = sorted((name for name in stored if name not in params and not name.startswith("_")),
-                       key=lambda name: (-used[name], name))
-        old = local[0] if local else None
-        new = (_RENAMES.get(old) or f"{old}_value") if old else None
-        if new is not None and new in used:
-            old = new = None
-        formatting = bool(re.search(r"""['"]\s*%\s*[\w(]|\.format\(""", code))
-        out.append({
-            "code": code, "name": node.name, "kind": "method" if cls else "function", "module": module,
-            "cls": cls, "old": old, "new": new,
-            "comments": True if ("#" in code or ast.get_docstring(node)) else None,
-            "formatting": True if formatting else None,
-        })
-    return out
+    return [{**f.fields(), "module": module,
+             "formatting": True if re.search(r"""['"]\s*%\s*[\w(]|\.format\(""", f.code) else None}
+            for f in python_source.functions(source, tree, MIN_CODE_CHARS, MAX_CODE_CHARS, MAX_CODE_LINES, _RENAMES)]
 
 
 # ------------------------------------------------------------------------------------ building
-def _fields_of(template: Template) -> set[str]:
-    return {field for turn in template.turns for _, field, _, _ in string.Formatter().parse(turn) if field}
-
-
-def _fits(template: Template, fields: dict[str, Any]) -> bool:
-    return all(fields.get(name) is not None for name in _fields_of(template) | set(template.requires))
-
-
-def _render(template: Template, fields: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    roles = ("user", "assistant")
-    return tuple((roles[i % 2], turn.format(**fields)) for i, turn in enumerate(template.turns))
-
-
 def _pick(templates: Sequence[Template], fields: dict[str, Any], held_out: bool,
           rng: random.Random) -> Template | None:
     """A template of the same side of the split as the source that the source can fill."""
-    usable = [t for t in templates if template_held_out(t.name) == held_out and _fits(t, fields)]
+    usable = [t for t in templates if template_held_out(t.name) == held_out and fits(t, fields)]
     return rng.choice(usable) if usable else None
 
 
@@ -362,7 +247,7 @@ def _from_sources(category: str, templates: Sequence[Template],
         held = corpora.is_held_out(name)
         template = _pick(templates, fields, held, rng)
         if template is not None:
-            out.append(Example(category, template.name, name, _render(template, fields)))
+            out.append(Example(category, template.name, name, render(template, fields)))
     return out
 
 
@@ -403,7 +288,7 @@ def _math_examples() -> list[Example]:
 
 
 def _talk_examples() -> list[Example]:
-    return [Example("chat", t.name, None, _render(t, {})) for t in instruct_text.CHAT_TALKS]
+    return [Example("chat", t.name, None, render(t, {})) for t in instruct_text.CHAT_TALKS]
 
 
 @functools.lru_cache(maxsize=None)

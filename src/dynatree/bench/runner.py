@@ -18,7 +18,19 @@ Protocol (the DynaTree paper's §4, with our decisions where it is silent):
   harness that hid that would be lying;
 * ``hf-assisted`` is HuggingFace's own assisted generation with the same draft, timed by the same
   clock; a streamer gives its TTFT and tokens per round, the drafting internals are not visible
-  so those fields are null.
+  so those fields are null;
+* a spec with ``text_cache`` (``source=text|hybrid``) shares one
+  :class:`~dynatree.drafts.suffix_index.SuffixCache` across its rows, filled in prompt order: after
+  a prompt's row exists, the prompt and the output the row records go in, so each prompt drafts
+  from the prompts before it and their outputs, never from its own answer. The warm-up passes
+  draft against a scratch cache that is then thrown away (they run the first prompts, which
+  would otherwise find their own answers when timed). The cache is filled by the bench, outside
+  the timed call, and not by the source's ``finish()``: what goes in is then exactly what the
+  row stores, so a resumed run rebuilds the same cache from the stored rows of the prompts
+  already done (their outputs replayed in order) before it measures the next one. Such a row's
+  key also names the prompts before it, so a row is only reused after the same earlier prompts.
+  The row records the cache as its prompt found it (``text_cache``: bound, tokens, sequences);
+  its output is checked against the autoregressive one like every row's.
 
 Rows are written through :class:`~dynatree.bench.store.ResultsWriter` as soon as they exist, so an
 interrupted run resumes where it stopped (rows are keyed, see ``store.row_key``).
@@ -40,13 +52,15 @@ import torch
 
 from dynatree.core.clock import sync_clock
 from dynatree.drafts.suffix import TextDraft
+from dynatree.drafts.suffix_index import SuffixCache
 from dynatree.loop.generate import check_positions, generate
 from dynatree.loop.precompile import precompile
 from dynatree.runtime.engines import resolve as resolve_options
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions
-from dynatree.policies import make_policy
-from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE, HF_NAMES, HF_PROMPT_LOOKUP, StrategySpec
+from dynatree.options import EngineOptions, StoppingConfig
+from dynatree.core.sampling import SamplingConfig
+from dynatree.policies import DraftPolicy, make_policy
+from dynatree.bench.specs import AUTOREGRESSIVE, HF_ASSISTED, HF_NAMES, HF_PROMPT_LOOKUP, StrategySpec
 from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, row_key, settings_group
 from dynatree.bench.sysinfo import library_versions, machine_info, peak_memory_mb, provenance, reset_peak_memory
 
@@ -158,18 +172,20 @@ def first_mismatch(reference: Sequence[int], output: Sequence[int]) -> int | Non
 # ----------------------------------------------------------------------------------- single runs
 def run_engine(
     target: torch.nn.Module, draft: torch.nn.Module | None, prompt: Prompt, spec: StrategySpec,
-    settings: BenchSettings, max_new_tokens: int,
+    settings: BenchSettings, max_new_tokens: int, cache: "SuffixCache | ReadOnlyCache | None" = None,
 ) -> Measurement:
+    """One timed ``generate`` of ``spec`` on ``prompt``; ``cache``: the cross-request text cache
+    its text source reads (a ``text_cache`` spec; the bench passes it only for those)."""
     policy = make_policy(spec.name, **spec.policy_options)  # an instance: its cost profile is read back
     result = generate(
         target,
-        draft_for(spec, draft),
+        draft_for(spec, draft, cache),
         list(prompt.ids),
         policy,
         max_new_tokens=max_new_tokens,
-        eos_token_id=_eos(settings),
+        stopping=StoppingConfig(eos_token_id=_eos(settings)),
         seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees
-        temperature=settings.temperature,
+        sampling=SamplingConfig(temperature=settings.temperature),
         options=spec.engine_options(settings.engine_options()),
     )
     d = result.stats.to_dict()
@@ -179,22 +195,49 @@ def run_engine(
     return Measurement(output_ids=out, stats=d, per_round=per_round)
 
 
-def draft_for(spec: StrategySpec, draft: torch.nn.Module | None) -> Any:
+def draft_for(spec: StrategySpec, draft: torch.nn.Module | None, cache: Any = None) -> Any:
     """What ``generate`` gets as its draft for ``spec``: the model, None (the text alone), or both
-    in one tree (:class:`~dynatree.drafts.suffix.TextDraft` wrapping the model). A spec's
-    ``text_trim`` becomes ``TextDraft(trim=...)``."""
+    in one tree (:class:`~dynatree.drafts.suffix.TextDraft` wrapping the model); with ``cache``
+    the text source also drafts from that cross-request cache. A spec's ``text_trim`` becomes
+    ``TextDraft(trim=...)``."""
     text = {"trim": spec.run["text_trim"]} if "text_trim" in spec.run else {}
     if spec.source == "hybrid":
-        return TextDraft(model=draft, **text)
-    if spec.source == "text":
-        return TextDraft(**text) if text else None
-    return draft if spec.source == "model" else None
+        return TextDraft(model=draft, cache=cache, **text)
+    if spec.source == "model":
+        return draft
+    return TextDraft(cache=cache, **text) if (cache is not None or text) else None
 
 
-def cost_model_fields(policy: Any, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
+class ReadOnlyCache:
+    """A :class:`SuffixCache` that a run's text source reads but does not fill: its ``finish()``
+    would add the prompt and every committed token, the last round's tokens past the end of the
+    output included, inside the timed call. The bench adds the prompt and the output the row
+    stores itself, after the run, so a resumed run can rebuild the same cache from stored rows."""
+
+    def __init__(self, cache: SuffixCache) -> None:
+        self.cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cache, name)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        pass
+
+
+def _history(prompts: Sequence[Prompt]) -> list[str]:
+    """For each prompt, a digest of the prompts before it (ids and tokens): what a ``text_cache``
+    row's cache held when it ran, given the same spec and settings ('' for the first prompt)."""
+    out, h = [], hashlib.sha256()
+    for p in prompts:
+        out.append(h.hexdigest()[:12] if out else "")
+        h.update(f"{p.id}#{p.sha};".encode())
+    return out
+
+
+def cost_model_fields(policy: DraftPolicy, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The verify-cost profile a policy sized its trees from and the mean budget it chose (nodes
     per round); empty for a policy with a pinned budget."""
-    profile = getattr(policy, "cost_profile", None)
+    profile = policy.cost_profile
     budgets = [r["policy_state"]["budget"] for r in per_round if "budget" in (r.get("policy_state") or {})]
     if profile is None or not budgets:
         return {}
@@ -378,7 +421,11 @@ def run_bench(
     device = next(target.parameters()).device
     machine, versions = machine_info(), library_versions()
     # The prompt's token hash is part of the key: if a prompt set changes, old rows are not reused.
-    plan = [(p, s, row_key(s.name, s.config, f"{p.id}#{p.sha}", keyed)) for p in prompts for s in specs]
+    # A text_cache row also depends on the prompts before it (its cache held them): they are in its key.
+    plan = [(p, s, row_key(s.name, s.config, f"{p.id}#{p.sha}" + (f"<{before}" if before and s.text_cache else ""),
+                           keyed))
+            for p, before in zip(prompts, _history(prompts)) for s in specs]
+    caches = {s.label: SuffixCache(s.text_cache) for s in specs if s.text_cache is not None}
     todo = [item for item in plan if item[2] not in done]
 
     reference_spec = specs[0]  # the first autoregressive spec; further ones are extra baselines
@@ -395,20 +442,24 @@ def run_bench(
                            max(len(p.ids) for p in prompts) + settings.max_new_tokens, options)
         if todo:
             wt = min(warmup_tokens or settings.max_new_tokens, settings.max_new_tokens)
+            scratch = {label: SuffixCache(c.max_tokens) for label, c in caches.items()}  # thrown away after
             for w in range(warmup):
                 for spec in specs:
                     bar.describe(f"warm-up {w + 1}/{warmup} {spec.label}")
                     _runner_for(spec)(target, assistant if spec.name == HF_ASSISTED else draft,
-                                      prompts[w % len(prompts)], spec, settings, wt)
+                                      prompts[w % len(prompts)], spec, settings, wt,
+                                      **({"cache": scratch[spec.label]} if spec.label in scratch else {}))
                     bar.advance_warmup()
         for prompt, spec, key in plan:
+            cache = caches.get(spec.label)
             if key in done:
                 row = done[key]
             else:
                 bar.describe(f"{prompt.id} {spec.label}")
                 reset_peak_memory(device)
                 m = _runner_for(spec)(target, assistant if spec.name == HF_ASSISTED else draft, prompt, spec,
-                                      settings, settings.max_new_tokens)
+                                      settings, settings.max_new_tokens,
+                                      **({"cache": ReadOnlyCache(cache)} if cache is not None else {}))
                 mem, mem_kind = peak_memory_mb(device)
                 row = {
                     "schema": SCHEMA_VERSION, "key": key, "group": group, "session": session, "origin": origin,
@@ -422,6 +473,9 @@ def run_bench(
                     "stats": m.stats, "per_round": m.per_round, "output_ids": m.output_ids,
                     "peak_memory_mb": mem, "memory_kind": mem_kind,
                 }
+                if cache is not None:  # what this prompt could draft from besides its own text
+                    row["text_cache"] = {"max_tokens": cache.max_tokens, "tokens": cache.num_tokens,
+                                         "sequences": cache.num_sequences}
                 ref = reference.get(prompt.id) if spec is not reference_spec else m.output_ids
                 if ref is None:  # should not happen: AR runs first for every prompt
                     raise DynaTreeError(f"no autoregressive reference for prompt {prompt.id}")
@@ -437,6 +491,8 @@ def run_bench(
                     on_row(row)
             if spec is reference_spec:
                 reference[prompt.id] = list(row["output_ids"])
+            if cache is not None:  # after the row, measured or resumed: the next prompts see this one
+                cache.add([*prompt.ids, *row["output_ids"]])
             if row.get("greedy_match") is False:
                 mismatches.append(row)
             rows.append(row)

@@ -16,8 +16,13 @@ Syntax (one string, as given to ``--strategies``)::
   proposal is cut to what pays for its verify rows, ``TextDraft.trim``; default true). They let
   one run measure a strategy on both engines, or from every source, side by side, e.g.
   ``dynatree:engine=static:compile=true@dynatree-compiled``,
-  ``dynatree:source=hybrid@dynatree-hybrid`` or ``dynatree:source=text:text_trim=false@text-full``. Without ``source`` a spec drafts with the model, or
-  from the text when the bench has no draft model (``--draft none``);
+  ``dynatree:source=hybrid@dynatree-hybrid`` or ``dynatree:source=text:text_trim=false@text-full``.
+  Without ``source`` a spec drafts with the model, or from the text when the bench has no draft
+  model (``--draft none``). ``text_cache=true|N`` (with
+  ``source=text`` or ``hybrid``) gives the spec's text source one cross-request
+  :class:`~dynatree.drafts.suffix_index.SuffixCache` of at most N tokens (``true``:
+  :data:`~dynatree.catalog.BENCH_CACHE_TOKENS`) shared by its rows, in prompt order: each prompt
+  drafts also from the earlier prompts and their outputs (see :mod:`dynatree.bench.runner`);
 * ``@LABEL`` names the row in tables; without it the label is the spec text itself, so
   ``linear:k=5,linear:k=8`` gives two distinct rows. Two specs with the same label are refused.
 * presets expand in place: ``paper`` (the DynaTree paper's Table 1 line-up) and ``ablation`` (its Table 4).
@@ -35,6 +40,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynatree.catalog import BENCH_CACHE_TOKENS
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import make_policy, parse_inline
@@ -51,7 +57,7 @@ HF_ASSISTED_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", 
 #: ``generate`` arguments of prompt lookup, with HF's defaults written out (HF's docs use 10 tokens).
 HF_PROMPT_LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 # Options that choose how a strategy runs (engine.generate arguments), not how its policy drafts.
-RUN_OPTIONS = ("engine", "compile", "cpu_linear", "source", "text_trim")
+RUN_OPTIONS = ("engine", "compile", "cpu_linear", "source", "text_trim", "text_cache")
 ENGINES = ("hf", "static")
 #: What drafts a tree: the draft model, the text itself (a suffix index, no model), or both merged.
 SOURCES = ("model", "text", "hybrid")
@@ -99,6 +105,16 @@ class StrategySpec:
                     raise DynaTreeError(f"'{where}': {flag} must be true or false, got {run[flag]!r}")
             if "text_trim" in run and run.get("source") not in ("text", "hybrid"):
                 raise DynaTreeError(f"'{where}': text_trim needs source=text or source=hybrid (it cuts the text's trees)")
+            if "text_cache" in run:
+                cache = run["text_cache"]
+                if not isinstance(cache, bool) and not (isinstance(cache, int) and cache >= 1):
+                    raise DynaTreeError(f"'{where}': text_cache must be true, false or a token count >= 1, "
+                                        f"got {cache!r}")
+                if self.name == AUTOREGRESSIVE:
+                    raise DynaTreeError(f"'{where}': autoregressive drafts nothing; it takes no text_cache option")
+                if cache is not False and run.get("source") not in ("text", "hybrid"):
+                    raise DynaTreeError(f"'{where}': text_cache is the text source's; it needs source=text or "
+                                        "source=hybrid")
         if self.name == HF_ASSISTED:
             unknown = sorted(set(self.options) - set(HF_ASSISTED_OPTIONS))
             if unknown:
@@ -120,6 +136,9 @@ class StrategySpec:
         else:
             policy = make_policy(self.name, **self.policy_options)  # validates names and ranges
             config = {**dataclasses.asdict(policy.config), **run}
+            config.pop("text_cache", None)
+            if self.text_cache is not None:  # the bound itself: true and its number share one row key
+                config["text_cache"] = self.text_cache
         object.__setattr__(self, "config", config)
         if not self.label:
             object.__setattr__(self, "label", format_spec(self.name, self.options))
@@ -138,6 +157,15 @@ class StrategySpec:
             return None
         return self.run.get("source", "model")
 
+    @property
+    def text_cache(self) -> int | None:
+        """The token bound of the cross-request text cache this spec's rows share, or None (no
+        ``text_cache`` option, or ``text_cache=false``)."""
+        cache = self.run.get("text_cache", False)
+        if cache is False:
+            return None
+        return BENCH_CACHE_TOKENS if cache is True else int(cache)
+
     def without_model(self) -> "StrategySpec":
         """This spec for a bench with no draft model: a spec that did not choose its source drafts
         from the text (same label); one that asked for the model is refused."""
@@ -150,7 +178,7 @@ class StrategySpec:
 
     @property
     def run(self) -> dict[str, Any]:
-        """The user-given run options (engine/compile/cpu_linear/source/text_trim overrides)."""
+        """The user-given run options (engine/compile/cpu_linear overrides, source, text_trim, text_cache)."""
         return {k: v for k, v in self.options.items() if k in RUN_OPTIONS}
 
     @property

@@ -18,7 +18,7 @@ from dynatree.catalog import (CHAT_CACHE_TOKENS, DEFAULT_DRAFT, DEFAULT_TARGET, 
                               TEXT_DEFAULT)
 from dynatree.training.config import DistillConfig
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions, parse_options
+from dynatree.options import EngineOptions, StoppingConfig, parse_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -93,6 +93,7 @@ def generate(
 
     from dynatree.loading import models
     from dynatree.runtime.devices import check_device
+    from dynatree.core.sampling import SamplingConfig
     from dynatree.loop.generate import check_positions, generate as run
     from dynatree.loop.precompile import precompile
     from dynatree.runtime.engines import resolve as resolve_options
@@ -127,9 +128,9 @@ def generate(
     prompt_tokens = len(ids) if isinstance(ids, list) else ids.shape[-1]  # (--chat gives a list)
     if options.kv_window is None:  # a run too long for the model: the error now, not after compiling for it
         check_positions(prompt_tokens, max_new_tokens, policy, tmodel, dmodel, truncate_prompt)
-    common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, truncate_prompt=truncate_prompt,
-                  allow_vocab_mismatch=allow_vocab_mismatch, temperature=temperature, top_k=top_k, top_p=top_p,
-                  seed=seed, draft_temperature=draft_temperature, options=options)
+    common = dict(max_new_tokens=max_new_tokens, stopping=StoppingConfig(eos_token_id=eos),
+                  truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch, seed=seed,
+                  sampling=SamplingConfig(temperature, top_k, top_p, draft_temperature), options=options)
     if options.compile and options.engine == "static":  # every graph first: neither run's speed includes compiling
         precompile(tmodel, dmodel, prompt_tokens + max_new_tokens, options)
     main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
@@ -194,6 +195,7 @@ def chat_command(
     """Chat in the terminal: replies stream as rounds commit; a status line gives each turn's speed
     and tokens per round. /reset forgets the conversation, /exit (or Ctrl-D) quits."""
     from dynatree.loading import models
+    from dynatree.core.sampling import SamplingConfig
     from dynatree.integrations.chat import ChatSession, status_line
     from dynatree.policies import make_policy
 
@@ -209,7 +211,7 @@ def chat_command(
     if not getattr(tok, "chat_template", None):
         raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, options=options)
+                          sampling=SamplingConfig(temperature, top_k, top_p), seed=seed, options=options)
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
     if isinstance(sys.stdin, io.TextIOWrapper):  # undecodable bytes reach check_utf8, not a traceback
         sys.stdin.reconfigure(errors="surrogateescape")

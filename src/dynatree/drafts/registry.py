@@ -2,7 +2,7 @@
 
 Sources are asked in order and the first whose ``accepts`` says yes drives the run, so the more
 specific ones come first (a feature-conditioned head is also a module, which the model source
-would take).
+would take). A source defined outside the package joins with :func:`register` (asked first).
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ from dynatree.drafts.suffix import HybridDraft, SuffixDraft
 from dynatree.errors import DynaTreeError
 
 SOURCES: list[type[DraftSource]] = [SuffixDraft, HybridDraft, FeatureDrafter, Drafter]
+
+
+def register(source: type[DraftSource]) -> type[DraftSource]:
+    """Add a draft source of one's own, asked before the built-in ones (usable as a class
+    decorator). Registering a source of the same ``name`` again replaces it."""
+    if not (isinstance(source, type) and issubclass(source, DraftSource)):
+        raise DynaTreeError(f"register takes a DraftSource subclass, got {source!r}")
+    SOURCES[:] = [source, *(s for s in SOURCES if s.name != source.name)]
+    return source
 
 
 def source_for(draft: Any) -> type[DraftSource]:

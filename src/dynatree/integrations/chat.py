@@ -8,7 +8,6 @@ template, the format an instruct model was trained on.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Any, TextIO
 
@@ -17,6 +16,8 @@ from transformers import TextStreamer
 
 from dynatree.loop.generate import generate, max_positions, run_positions
 from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions, StoppingConfig
+from dynatree.core.sampling import SamplingConfig
 from dynatree.policies import DraftPolicy, make_policy
 from dynatree.core.stats import GenerationResult, GenerationStats, RoundEvent
 
@@ -75,9 +76,12 @@ class ChatSession:
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None, tokenizer: Any,
                  strategy: str | DraftPolicy = "dynatree", *, system: str | None = None,
-                 out: TextIO | None = None, max_new_tokens: int = 256, **options: Any) -> None:
+                 out: TextIO | None = None, max_new_tokens: int = 256, sampling: SamplingConfig | None = None,
+                 options: EngineOptions | None = None, seed: int | None = None, **strategy_options: Any) -> None:
         self.target, self.draft, self.tokenizer, self.strategy = target, draft, tokenizer, strategy
-        self.system, self.out, self.max_new_tokens, self.options = system, out, max_new_tokens, options
+        self.system, self.out, self.max_new_tokens = system, out, max_new_tokens
+        self.sampling, self.options, self.seed = sampling, options or EngineOptions(), seed
+        self.strategy_options = strategy_options
         self.messages: list[dict[str, str]] = []
         self.dropped = 0  # oldest turns the last turn() dropped to fit the models' positions
         self.max_positions, self.room = self._prompt_room()
@@ -88,11 +92,9 @@ class ChatSession:
         left after the reply and one drafted tree, as generate's position check counts. (None,
         None) when nothing limits it (no known maximum, or KV eviction). A reply length that
         leaves no room at all is refused here, before the first message is typed."""
-        options = self.options.get("options")
-        if self.options.get("kv_window") is not None or getattr(options, "kv_window", None) is not None:
+        if self.options.kv_window is not None:
             return None, None
-        keywords = inspect.signature(generate).parameters
-        policy = make_policy(self.strategy, **{k: v for k, v in self.options.items() if k not in keywords})
+        policy = make_policy(self.strategy, **self.strategy_options)
         policy.limit_depth(self.max_new_tokens)
         models, depth = run_positions(policy, self.target, self.draft)
         limits = [n for n in map(max_positions, models) if n is not None]
@@ -119,8 +121,10 @@ class ChatSession:
         try:
             ids, dropped = self._fitting_prompt()
             result = generate(self.target, self.draft, ids, self.strategy, max_new_tokens=self.max_new_tokens,
-                              eos_token_id=chat_eos(self.target, self.tokenizer), truncate_prompt=True,
-                              tokenizer=self.tokenizer, on_round=streamer.on_round, **self.options)
+                              sampling=self.sampling, options=self.options, seed=self.seed,
+                              stopping=StoppingConfig(eos_token_id=chat_eos(self.target, self.tokenizer)),
+                              truncate_prompt=True, tokenizer=self.tokenizer, on_round=streamer.on_round,
+                              **self.strategy_options)
         except BaseException:
             self.messages = before  # the turn did not happen, nor did dropping turns for it
             raise

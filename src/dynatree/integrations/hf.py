@@ -32,7 +32,11 @@ from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from dynatree.catalog import DRAFT_TEMPERATURE
+from dynatree.core.sampling import SamplingConfig
+from dynatree.loop.flat_keywords import ENGINE
 from dynatree.loop.generate import generate as _engine_generate
+from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.errors import DynaTreeError
 from dynatree.policies import DraftPolicy
 from dynatree.core.stats import GenerationStats, RoundEvent
@@ -110,8 +114,10 @@ def generate(
             ``"dyspec-threshold"``, ``"autoregressive"``, or a policy object.
         strategy_options: the strategy's config fields, e.g. ``{"k": 4}`` for ``linear``. A dict
             rather than loose keywords because HF treats unknown keywords as model inputs.
-        engine_options: further :func:`dynatree.generate` arguments (``engine``, ``seed``,
-            ``draft_temperature``, ``tree_order``, ``kv_window``, ...).
+        engine_options: engine settings (the fields of :class:`~dynatree.options.EngineOptions`:
+            ``engine``, ``tree_order``, ``kv_window``, ...; or ``options=`` one of them),
+            ``draft_temperature``, and further :func:`dynatree.generate` keywords (``seed``,
+            ``backoff``, ...).
         trace: write the HTML trace of every round's tree to this path.
 
     Returns:
@@ -205,18 +211,21 @@ def _run(
     max_new = int(config.max_length) - int(input_ids.shape[1])
     if max_new < 1:
         raise DynaTreeError(f"nothing to generate: max_length {config.max_length} <= prompt length {input_ids.shape[1]}")
-    eos = config.eos_token_id
-    sampling = {"temperature": 0.0}
+    extra = dict(engine_options or {})  # engine settings, draft_temperature, and generate's other keywords
+    engine = EngineOptions.merge(extra.pop("options", None), **{k: extra.pop(k) for k in ENGINE if k in extra})
+    draft_temperature = extra.pop("draft_temperature", DRAFT_TEMPERATURE)
+    sampling = SamplingConfig(draft_temperature=draft_temperature)
     if config.do_sample:
-        sampling = {"temperature": float(config.temperature), "top_k": config.top_k, "top_p": config.top_p}
+        sampling = SamplingConfig(float(config.temperature), config.top_k, config.top_p, draft_temperature)
+    eos = config.eos_token_id
+    stopping = StoppingConfig(eos_token_id=() if eos is None else eos, stop_strings=stop_strings or ())
     def put(event: RoundEvent) -> None:
         streamer.put(torch.tensor(event.tokens, dtype=torch.long))
     on_round = put if streamer is not None else None
     try:
         result = _engine_generate(
-            model, draft, input_ids, strategy, max_new_tokens=max_new, eos_token_id=[] if eos is None else eos,
-            stop_strings=stop_strings or None, tokenizer=tokenizer, on_round=on_round, trace=trace,
-            **sampling, **(engine_options or {}), **(strategy_options or {}),
+            model, draft, input_ids, strategy, max_new_tokens=max_new, sampling=sampling, options=engine,
+            stopping=stopping, tokenizer=tokenizer, on_round=on_round, trace=trace, **extra, **(strategy_options or {}),
         )
     finally:
         if streamer is not None:

@@ -12,6 +12,7 @@ child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run r
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 from collections.abc import Callable, Sequence
 from os import PathLike
@@ -23,16 +24,15 @@ from dynatree.runtime import distributed
 from dynatree.core.draft_source import DraftSource, SourceContext
 from dynatree.core.kv import KVModel
 from dynatree.core.clock import sync_clock
-from dynatree.loop import backoff as backoff_module
+from dynatree.loop import backoff as backoff_module, flat_keywords
 from dynatree.loop.backoff import Backoff
 from dynatree.drafts.registry import source_for
 from dynatree.drafts.suffix import TextDraft
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
 from dynatree.errors import DynaTreeError
-from dynatree.options import EngineOptions
+from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.policies import DraftPolicy, RoundFeedback, make_policy
-from dynatree.catalog import DRAFT_TEMPERATURE
 from dynatree.core.sampling import DraftSampler, SamplesDraft, SamplingConfig, make_generator
 from dynatree.core.stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
 from dynatree.runtime.streaming import StreamingConfig, StreamingKV, find_rope
@@ -45,35 +45,30 @@ def generate(
     draft: torch.nn.Module | TextDraft | None,
     input_ids: torch.Tensor | Sequence[int],
     strategy: str | DraftPolicy = "dynatree",
+    *deprecated_positional: Any,
     max_new_tokens: int = 128,
-    eos_token_id: int | Sequence[int] | None = None,
-    *,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: SamplingConfig | None = None,
+    options: EngineOptions | None = None,
+    stopping: StoppingConfig | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
-    draft_temperature: float = DRAFT_TEMPERATURE,
+    tokenizer: Any = None,
     truncate_prompt: bool = False,
     allow_vocab_mismatch: bool = False,
-    engine: str = "auto",
-    compile: bool | str | None = None,
-    buckets: Sequence[int] | None = None,
-    tree_order: str = "bfs",
-    stop_strings: str | Sequence[str] | None = None,
-    tokenizer: Any = None,
-    lazy_head: bool | None = None,
-    kv_window: int | None = None,
-    kv_sinks: int = 4,
-    cpu_linear: bool | None = None,
+    backoff: bool | Backoff | None = None,
     on_round: Callable[[RoundEvent], None] | None = None,
     trace: str | PathLike | None = None,
-    options: EngineOptions | None = None,
-    backoff: bool | Backoff | None = None,
     **strategy_options: Any,
 ) -> GenerationResult:
     """Generate with tree speculative decoding: at temperature 0 the output equals the target's own
     greedy output; above it, the output follows the target's sampling distribution exactly.
+
+    Settings come in three typed groups, each validated when it is built: ``sampling``
+    (:class:`~dynatree.core.sampling.SamplingConfig`), ``options`` (the engine:
+    :class:`~dynatree.options.EngineOptions`) and ``stopping``
+    (:class:`~dynatree.options.StoppingConfig`). The flat keywords of earlier releases
+    (``temperature=``, ``engine=``, ``eos_token_id=``, ...) still work, with a
+    ``DeprecationWarning`` (:mod:`dynatree.loop.flat_keywords`).
 
     Args:
         target: any HF causal LM (GPTNeoX/Pythia, Llama, Qwen2, GPT-2, ...), unmodified.
@@ -83,68 +78,46 @@ def generate(
             from both in one tree.
         input_ids: one prompt, ``[1, L]`` or ``[L]`` (batch size 1 only).
         strategy: ``"autoregressive"``, ``"linear"``, ``"fixed"``, ``"dynatree"``, ``"dyspec"``,
-            ``"dyspec-threshold"``, one of them with options as the bench writes them
+            ``"dyspec-threshold"``, one of them with options as the bench and the CLI write them
             (``"linear:k=5"``), or a policy object (a :class:`~dynatree.policies.DraftPolicy`).
         max_new_tokens: tokens to generate at most (the last round is truncated exactly).
-        eos_token_id: stop after this token (or any of these). None uses the target's
-            ``generation_config.eos_token_id``, as HF ``generate`` does; ``[]`` never stops early.
-        temperature: 0 for greedy decoding; > 0 samples from the target at this temperature.
-        top_k: sample only among the target's k most likely tokens (None or 0: off).
-        top_p: nucleus sampling on the target distribution (None or 1: off).
+        sampling: temperature (0, the default, is greedy), top-k, top-p on the target, and the
+            draft temperature DySpec samples children at. None: greedy.
+        options: the engine: which cache (``engine``), ``compile``, buckets, tree order, lazy
+            head, CPU linear layers, StreamingLLM-style eviction (``kv_window``); see
+            :class:`~dynatree.options.EngineOptions`. None: decided for the model
+            (:func:`dynatree.runtime.engines.resolve`).
+        stopping: EOS token(s) and stop strings. None: the target's ``generation_config`` EOS.
         seed: seed of a fresh CPU generator for every random draw of the run (reproducible runs).
         generator: a CPU ``torch.Generator`` to draw from instead (advanced by the run). With
             neither, torch's global generator is used, so ``torch.manual_seed`` reproduces a run.
-        draft_temperature: temperature of the draft distribution DySpec samples children from
-            (default 0.6, as in DySpec); the other strategies choose children deterministically.
+        tokenizer: decodes the output for ``stopping.stop_strings`` and for ``trace``'s token text.
         truncate_prompt: left-truncate a prompt that would run past the models' maximum positions.
         allow_vocab_mismatch: skip the draft/target vocabulary-size check (draft logits are cut to
             the target's vocabulary).
-        engine: ``"auto"`` (default: see :func:`dynatree.runtime.engines.resolve`), ``"hf"`` (dynamic HF
-            cache, any tree size) or ``"static"`` (pre-allocated cache, tree sizes padded to buckets
-            of up to 256 nodes; what ``compile`` needs).
-        compile: ``torch.compile`` the static engine's model calls (one graph per bucket). True
-            picks ``mode="reduce-overhead"`` (CUDA graphs) on GPU and the default mode on CPU; a
-            string is passed as the mode. Compiled engines are kept per model and reused. None:
-            decided with ``engine="auto"``, off otherwise.
-        buckets: query-count buckets of the static engine (default 1, 2, 4, ..., 256): fewer
-            buckets mean fewer compiled graphs, more padding.
-        stop_strings: stop once the generated text contains one of these (the token completing it
-            is kept, as with HF ``generate(stop_strings=..., tokenizer=...)``); needs ``tokenizer``.
-        tokenizer: the tokenizer used to decode for ``stop_strings``.
-        lazy_head: apply the target's LM head only to the tree nodes acceptance reads (None:
-            automatically on CPU, where the head is a large share of a verify).
-        tree_order: ``"bfs"`` (creation order) or ``"dfs"`` (depth-first; makes the tree mask
-            block-sparse for the Triton tree-attention kernel, DySpec App. C).
-        kv_window: StreamingLLM-style eviction (the first DynaTree paper version's baseline): keep only the ``kv_sinks``
-            first tokens and the ``kv_window`` most recent ones in both caches, so a run may go
-            past the models' maximum positions. Greedy output equals greedy autoregressive
-            output *under the same eviction*, not the full-context output. RoPE models, hf engine.
-        kv_sinks: attention-sink tokens kept with ``kv_window`` (StreamingLLM uses 4).
-        cpu_linear: compute the linear layers of calls of up to 64 rows as ``(W @ x.T).T``
-            (:mod:`dynatree.runtime.kernels.cpu_linear`): on the CPU it was measured on, a tree of a few
-            nodes then costs less than one ``F.linear`` step. None: on for CPU models run with 2+
-            torch threads (with 1 it measured slower). Applies to the autoregressive baseline too,
-            so speedups compare equal machinery.
-        on_round: called after every round with its :class:`~dynatree.core.stats.RoundEvent` (the
-            committed tokens, the drafted tree, the accepted path): what streamers and the trace
-            page are fed from, as soon as a round commits rather than at the end.
-        trace: write a self-contained HTML page of every round's tree to this path
-            (:mod:`dynatree.loop.trace`; token text needs ``tokenizer``).
-        options: the engine settings above (``engine`` to ``cpu_linear``) as one
-            :class:`~dynatree.options.EngineOptions`; keywords then left at their defaults defer to
-            it, and one that contradicts it is refused.
         backoff: decode plain (one target step, no drafting) while speculative rounds commit
             tokens more slowly than plain steps do, probing again later
             (:class:`~dynatree.loop.backoff.Backoff`; a ``Backoff`` instance sets its thresholds;
             None: on, see ``dynatree.loop.backoff.ENABLED``).
             Greedy runs only: the output is the same either way; a sampled run's random draws
             would depend on timing. Off under tensor parallelism (ranks must build equal trees).
-        **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear).
+        on_round: called after every round with its :class:`~dynatree.core.stats.RoundEvent` (the
+            committed tokens, the drafted tree, the accepted path): what streamers and the trace
+            page are fed from, as soon as a round commits rather than at the end.
+        trace: write a self-contained HTML page of every round's tree to this path
+            (:mod:`dynatree.loop.trace`; token text needs ``tokenizer``).
+        **strategy_options: fields of the strategy's config (e.g. ``k=5`` for linear), the same
+            as ``"linear:k=5"``.
+
+    Returns:
+        a :class:`~dynatree.core.stats.GenerationResult`: ``sequences`` (prompt + new tokens,
+        ``[1, L + n]``, on ``input_ids``' device) and per-round ``stats``.
     """
-    options = EngineOptions.merge(options, engine=engine, compile=compile, buckets=buckets, cpu_linear=cpu_linear,
-                                  lazy_head=lazy_head, tree_order=tree_order, kv_window=kv_window, kv_sinks=kv_sinks)
-    policy = make_policy(strategy, **strategy_options)
-    sampling = SamplingConfig(temperature, top_k, top_p, draft_temperature)
+    groups = flat_keywords.group(deprecated_positional, strategy_options, max_new_tokens=max_new_tokens,
+                                 sampling=sampling, options=options, stopping=stopping)
+    max_new_tokens, sampling, options, stopping = (groups.max_new_tokens, groups.sampling, groups.options,
+                                                   groups.stopping)
+    policy = _policy(strategy, groups.strategy_options)
     rng = make_generator(seed, generator)
     # Tensor-parallel target: every rank must draw the same numbers and commit the same tokens.
     sync = distributed.RankSync.for_models(target, draft if policy.uses_draft else None)
@@ -153,7 +126,7 @@ def generate(
     if isinstance(policy, SamplesDraft):
         policy.use_sampler(DraftSampler(rng, sampling.draft_temperature))  # validated above
     prompt = _check_prompt(input_ids, target)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     policy.limit_depth(max_new_tokens)  # deeper nodes could never be committed
     vocab = vocab_size(target)
@@ -168,15 +141,9 @@ def generate(
             streaming.check(m, depth, max_positions(m))
     else:
         prompt = _fit_positions(prompt, max_new_tokens, depth, models, truncate_prompt)
-    stop = _eos_set(target, eos_token_id)
-    if isinstance(stop_strings, str):
-        stop_strings = [stop_strings]
-    if stop_strings:
-        if tokenizer is None:
-            raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
-        if any(not isinstance(x, str) or not x for x in stop_strings):
-            raise DynaTreeError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
-    stop_text = StopText(tokenizer, list(stop_strings)) if stop_strings else None
+    if stopping.stop_strings and tokenizer is None:
+        raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
+    stop_text = StopText(tokenizer, list(stopping.stop_strings)) if stopping.stop_strings else None
     options = resolve_options(options, target)
 
     with torch.inference_mode(), eval_mode(models):
@@ -216,8 +183,9 @@ def generate(
             backoff = backoff_module.ENABLED
         if backoff is not False and source is not None and sampling.greedy and sync is None:
             pacer = backoff if isinstance(backoff, Backoff) else Backoff()
-        result = _decode(target_kv, source, prompt, policy, max_new_tokens, stop, vocab, sampling, rng,
-                         options.tree_order, stop_text, lazy_head, sync, on_round, pacer)
+        run = Run(max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling, rng,
+                  options.tree_order, lazy_head, sync, on_round, pacer)
+        result = _decode(target_kv, source, prompt, policy, run)
     if recorder is not None:
         recorder.write(trace, result, policy)
     device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
@@ -226,23 +194,40 @@ def generate(
     return result
 
 
-def _decode(
-    target: KVModel,
-    source: DraftSource | None,
-    prompt: list[int],
-    policy: DraftPolicy,
-    max_new_tokens: int,
-    stop: set[int],
-    vocab: int,
-    sampling: SamplingConfig,
-    rng: torch.Generator,
-    tree_order: str = "bfs",
-    stop_text: "StopText | None" = None,
-    lazy_head: bool = False,
-    sync: "distributed.RankSync | None" = None,
-    on_round: Callable[[RoundEvent], None] | None = None,
-    backoff: Backoff | None = None,
-) -> GenerationResult:
+def _policy(strategy: str | DraftPolicy, strategy_options: dict[str, Any]) -> DraftPolicy:
+    """The run's policy; a keyword that is neither generate's nor the strategy's gets a hint
+    (``temprature=`` is "did you mean temperature=?", not only "unknown option of dynatree")."""
+    try:
+        return make_policy(strategy, **strategy_options)
+    except DynaTreeError as error:
+        known = [p for p in inspect.signature(generate).parameters if p not in ("deprecated_positional", "strategy_options")]
+        hint = flat_keywords.suggest(strategy_options, [*known, *flat_keywords.SAMPLING, *flat_keywords.ENGINE,
+                                                        *flat_keywords.STOPPING])
+        if hint:
+            raise DynaTreeError(f"{error}; {hint}") from None
+        raise
+
+
+@dataclasses.dataclass
+class Run:
+    """What one decoding run reads besides the models, the prompt and the policy, decided once by
+    :func:`generate` (the loop itself decides nothing about settings)."""
+
+    max_new_tokens: int
+    stop: set[int]  # EOS token ids
+    stop_text: "StopText | None"
+    sampling: SamplingConfig
+    rng: torch.Generator
+    tree_order: str = "bfs"
+    lazy_head: bool = False
+    sync: "distributed.RankSync | None" = None
+    on_round: Callable[[RoundEvent], None] | None = None
+    backoff: Backoff | None = None
+
+
+def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], policy: DraftPolicy, run: Run) -> GenerationResult:
+    max_new_tokens, stop, stop_text, sampling, rng = run.max_new_tokens, run.stop, run.stop_text, run.sampling, run.rng
+    backoff, sync, on_round = run.backoff, run.sync, run.on_round
     clock = sync_clock(target.device)
     stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
     policy.reset()
@@ -270,7 +255,7 @@ def _decode(
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
         prefix = target.length
-        logits, rows = tree_forward(target, tree, tree_order, lazy_head, keep_hidden=features)
+        logits, rows = tree_forward(target, tree, run.tree_order, run.lazy_head, keep_hidden=features)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
         #    plus one more token from the target (its argmax, or a draw from the residual R, which
@@ -436,10 +421,12 @@ def _fit_positions(
         if need_extra >= limit:  # truncating the prompt cannot help: fewer new tokens (or eviction) can
             most = limit - depth - (1 if truncate else len(prompt))
             fixes = [f"max_new_tokens (--max-new-tokens) can be at most {most} here"] if most > 0 else []
-            hint = "; " + ", or ".join([*fixes, "pass kv_window=N (--kv-window) for StreamingLLM-style KV eviction"])
+            hint = "; " + ", or ".join([*fixes, "pass options=EngineOptions(kv_window=N) (--kv-window) for "
+                                                "StreamingLLM-style KV eviction"])
         else:
             hint = "" if truncate else ("; pass truncate_prompt=True (--truncate-prompt) to keep the last tokens of "
-                                        "the prompt, or kv_window=N (--kv-window) for StreamingLLM-style KV eviction")
+                                        "the prompt, or options=EngineOptions(kv_window=N) (--kv-window) for "
+                                        "StreamingLLM-style KV eviction")
         raise DynaTreeError(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + tree depth ({depth}) = {need} "
             f"positions exceeds {type(model).__name__}'s maximum of {limit} by {need - limit}{hint}"

@@ -20,9 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynatree.core.stats import GenerationResult, RoundEvent, RoundStats
+
+if TYPE_CHECKING:
+    from dynatree.policies import DraftPolicy
 
 COL, ROW, NODE_W, NODE_H = 104, 36, 88, 30  # tree layout (px)
 
@@ -58,7 +61,7 @@ class TraceRecorder:
         if self.then is not None:
             self.then(event)
 
-    def write(self, path: str | PathLike, result: GenerationResult, policy: Any = None) -> Path:
+    def write(self, path: str | PathLike, result: GenerationResult, policy: DraftPolicy | None = None) -> Path:
         """Render the page for ``result`` to ``path`` (UTF-8) and return the path."""
         out = Path(path)
         out.write_text(render(self.rounds, result, self.tokenizer, policy), encoding="utf-8")
@@ -77,11 +80,11 @@ def token_text(tokenizer: Any, token: int) -> str:
     return text if text else f"#{token}"
 
 
-def render(rounds: list[TracedRound], result: GenerationResult, tokenizer: Any = None, policy: Any = None) -> str:
+def render(rounds: list[TracedRound], result: GenerationResult, tokenizer: Any = None, policy: DraftPolicy | None = None) -> str:
     """The whole page as one HTML string."""
     stats = result.stats
-    name = getattr(policy, "name", stats.strategy)
-    config = getattr(policy, "config", None)
+    name = policy.name if policy is not None else stats.strategy
+    config = policy.config if policy is not None else None
     settings = ""
     if config is not None and dataclasses.is_dataclass(config):
         settings = " ".join(f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config))

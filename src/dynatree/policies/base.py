@@ -40,6 +40,7 @@ class DraftPolicy(ABC):
 
     def __init__(self, config: Any) -> None:
         self.config = config
+        self.cost_profile: CostProfile | None = None  # set by use_cost_model (the bench reports it)
 
     @classmethod
     def from_options(cls, **options: Any) -> "DraftPolicy":
@@ -85,7 +86,9 @@ class DraftPolicy(ABC):
         return False
 
     def use_cost_model(self, profile: "CostProfile | None") -> None:
-        """Receive the measured cost profile (called only if :meth:`wants_cost_model` said yes)."""
+        """Receive the measured cost profile (called only if :meth:`wants_cost_model` said yes). It
+        is kept across generations: the profile belongs to the machine, not to one run."""
+        self.cost_profile = profile
 
 
 def add_top_children(

@@ -33,7 +33,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.core.costmodel import CostProfile, choose_budget
+from dynatree.core.costmodel import choose_budget
 from dynatree.core.draft_source import DraftSource
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
@@ -94,7 +94,6 @@ class DynaTree(DraftPolicy):
 
     def __init__(self, config: DynaTreeConfig) -> None:
         super().__init__(config)
-        self.cost_profile: CostProfile | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -115,11 +114,6 @@ class DynaTree(DraftPolicy):
         """True when the budget should come from a measured verify-cost profile (no pinned max_nodes
         and none given yet); the engine then calls :meth:`use_cost_model`."""
         return self.config.max_nodes is None and self.cost_profile is None
-
-    def use_cost_model(self, profile: CostProfile | None) -> None:
-        """Size every tree from ``profile`` (the target's verify ms per row count) instead of the
-        fixed per-device budget. Kept across generations (the profile belongs to the machine)."""
-        self.cost_profile = profile
 
     def calibration(self) -> float:
         """Accepted nodes per expected accepted node over the last rounds: the draft's path

@@ -102,6 +102,12 @@ _DROP_SECTIONS = re.compile(
 
 
 # ---------------------------------------------------------------------------- split
+def family_of(name: str) -> str:
+    """A document's name without a trailing version suffix (``licence/GPL-3`` -> ``licence/GPL``):
+    the versions of one licence share most of their text, so they go together."""
+    return re.sub(r"-[\d.]+$", "", name)
+
+
 def is_held_out(name: str, holdout_every: int = HOLDOUT_EVERY) -> bool:
     """Deterministic document-level split (stable across Python runs, unlike ``hash``).
 
@@ -109,8 +115,7 @@ def is_held_out(name: str, holdout_every: int = HOLDOUT_EVERY) -> bool:
     split is by family (a trailing version suffix is stripped): held-out text never reaches
     training.
     """
-    family = re.sub(r"-[\d.]+$", "", name)
-    return int(hashlib.sha256(family.encode()).hexdigest(), 16) % holdout_every == 0
+    return int(hashlib.sha256(family_of(name).encode()).hexdigest(), 16) % holdout_every == 0
 
 
 def split(texts: list[Text], held_out: bool, holdout_every: int = HOLDOUT_EVERY) -> list[Text]:
@@ -229,6 +234,16 @@ def licence_texts(directory: Path = LICENCES_DIR) -> list[Text]:
             if real not in seen and real.is_file():
                 seen[real] = Text(f"licence/{real.name}", real.read_text(encoding="utf-8", errors="replace"))
     return list(seen.values())
+
+
+def newest_licences(directory: Path = LICENCES_DIR) -> list[tuple[str, Text]]:
+    """(family, text) of the newest version of each licence family of :func:`licence_texts`, by
+    family; the newest is the last by name (GPL-2, GPL-3). Versions share most of their text, so a
+    source of passages takes one: a second would only repeat passages."""
+    newest: dict[str, Text] = {}
+    for text in sorted(licence_texts(directory), key=lambda t: t.name):
+        newest[family_of(text.name)] = text
+    return sorted(newest.items())
 
 
 # ---------------------------------------------------------------------------- wiki

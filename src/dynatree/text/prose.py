@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 MIN_WORDS = 20  # shorter paragraphs are headings, captions or fragments, not prose
 MAX_SYMBOL_FRACTION = 0.02  # more code symbols than this marks a paragraph as code-like
@@ -39,6 +40,10 @@ _FOOTNOTE = re.compile(r"\s*\[\d+\]")
 _UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
 _BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")  # pydoc's **PEP 614**; a bare "**" operator stays
 _GRAMMAR = re.compile(r"::=|^\s*[|]|>>>|^\s*\.\.\.")
+#: Where a paragraph may be cut between sentences: after . ! ? (and closing quotes or brackets),
+#: before a capital, a digit or an opening quote.
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(`])")
+_CODE_SYMBOLS = set("=<>{}[]|\\#@$%^~()")  # not _ * ` ": prose names __aiter__ and *terms*
 
 
 # ------------------------------------------------------------------------------ prompt prose
@@ -128,6 +133,70 @@ def licence_paragraphs(text: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ passages
+def is_unindented(body: str) -> bool:
+    """No indented line and no interpreter prompt: the training data's test for a paragraph whose
+    lines are hard-wrapped prose (joined onto one line)."""
+    return ">>>" not in body and not any(line[:1].isspace() for line in body.splitlines())
+
+
+def is_wrapped_prose(body: str) -> bool:
+    """The bench's stricter test for hard-wrapped prose rather than code, a table or a diagram:
+    no indented line, no column alignment, no line starting with a symbol, few code symbols."""
+    lines = body.splitlines()
+    if ">>>" in body or any(line[:1].isspace() or re.search(r"\S {3,}\S", line) for line in lines):
+        return False
+    if any(not (line[:1].isalnum() or line[:1] in "\"'(*`") for line in lines):
+        return False
+    return sum(ch in _CODE_SYMBOLS for ch in body) <= 0.04 * len(body)
+
+
+def blocks_of(text: str, longest: int, is_wrapped: Callable[[str], bool]) -> list[str]:
+    """Paragraphs of a reference, licence, docstring or article as blocks for :func:`passages`:
+    underlined headings become title lines, grammar productions are dropped, a paragraph that
+    ``is_wrapped`` says is hard-wrapped prose is joined onto one line (bold marks and footnote
+    references removed), any other (code, tables, diagrams, licence headers) keeps its line
+    breaks, and one-line blocks over ``longest`` characters are cut at sentence ends (licences have
+    4,000-character paragraphs), so every passage can start at a block.
+
+    The instruct bench sets call it with :func:`is_wrapped_prose` and their passage target, the
+    instruct training data with :func:`is_unindented` and theirs: each is pinned by what it
+    produced (the recorded prompt sets, the shipped drafts' data)."""
+    out = []
+    for block in re.split(r"\n[ \t]*\n", text):
+        if not block.strip() or "::=" in block:
+            continue
+        lines = [line for line in block.splitlines() if line.strip()]
+        if any(_UNDERLINE.match(line.strip()) for line in lines):
+            title = " ".join(line.strip() for line in lines if not _UNDERLINE.match(line.strip()))
+            if title:
+                out.append(title)
+            continue
+        body = textwrap.dedent("\n".join(lines)).rstrip()
+        if is_wrapped(body):
+            out.append(_BOLD.sub(r"\1", _FOOTNOTE.sub("", " ".join(body.split()))))
+        else:
+            out.append(body)
+    return _split_long(out, longest)
+
+
+def _split_long(blocks: list[str], longest: int) -> list[str]:
+    """One-line blocks over ``longest`` characters in parts of about half that, cut at sentence ends."""
+    out = []
+    for block in blocks:
+        if len(block) <= longest or "\n" in block:
+            out.append(block)
+            continue
+        part = ""
+        for sentence in SENTENCE_BREAK.split(block):
+            if part and len(part) + len(sentence) > longest // 2:
+                out.append(part)
+                part = ""
+            part = f"{part} {sentence}".strip()
+        if part:
+            out.append(part)
+    return out
+
+
 def is_heading_block(block: str) -> bool:
     """A one-line block that ends like no sentence does: a title."""
     return "\n" not in block and len(block) < 80 and not block.rstrip().endswith((".", ":", "?", "!"))
@@ -136,6 +205,17 @@ def is_heading_block(block: str) -> bool:
 def is_prose_block(block: str) -> bool:
     """A one-line block of a dozen words or more that is not a heading."""
     return "\n" not in block and len(block.split()) >= 12 and not is_heading_block(block)
+
+
+def sentences(paragraph: str) -> list[str]:
+    """A one-line paragraph's sentences, cut where :data:`SENTENCE_BREAK` allows."""
+    return [s.strip() for s in SENTENCE_BREAK.split(paragraph) if s.strip()]
+
+
+def quotable(sentence: str) -> str | None:
+    """The sentence if a request may quote it -- complete (ending with . ! or ?) and 5 to 60 words,
+    neither a fragment nor a paragraph -- else None (the template field it fills has no value)."""
+    return sentence if 5 <= len(sentence.split()) <= 60 and sentence.endswith((".", "!", "?")) else None
 
 
 def passages(blocks: Sequence[str], rng: random.Random, target: tuple[int, int], min_chars: int,

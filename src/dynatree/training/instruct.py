@@ -45,9 +45,6 @@ import json
 import os
 import random
 import re
-import string
-import sysconfig
-import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -59,9 +56,10 @@ import torch
 from torch import nn
 
 from dynatree.errors import DynaTreeError
-from dynatree.text import corpora
-from dynatree.text.prose import is_heading_block, is_prose_block
+from dynatree.text import corpora, python_source
+from dynatree.text.prose import blocks_of, is_heading_block, is_prose_block, is_unindented, quotable, sentences
 from dynatree.text.prose import passages as cut_passages
+from dynatree.text.templates import fits, render
 from dynatree.training import instruct_text as IT
 from dynatree.training.config import DistillConfig
 from dynatree.training.data import LabelledData, atomic_save, concat, progress_bar
@@ -134,56 +132,12 @@ class Doc:
     blocks: tuple[str, ...]
 
 
-_UNDERLINE = re.compile(r"^[*=\-~^#+]{3,}$")
-_BOLD = re.compile(r"\*\*(\S[^*]*?)\*\*")
-_FOOTNOTE = re.compile(r"\s*\[\d+\]")
-_SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(`])")
-
-
 _is_heading, _is_prose = is_heading_block, is_prose_block
 
 
-def blocks_of(text: str) -> list[str]:
-    """Paragraphs of a reference, licence, docstring or article: underlined headings become title
-    lines, grammar productions are dropped, hard-wrapped prose is joined onto one line, indented
-    blocks (code, tables) keep their lines."""
-    out = []
-    for block in re.split(r"\n[ \t]*\n", text):
-        if not block.strip() or "::=" in block:
-            continue
-        lines = [line for line in block.splitlines() if line.strip()]
-        if any(_UNDERLINE.match(line.strip()) for line in lines):
-            title = " ".join(line.strip() for line in lines if not _UNDERLINE.match(line.strip()))
-            if title:
-                out.append(title)
-            continue
-        body = textwrap.dedent("\n".join(lines)).rstrip()
-        if ">>>" in body or any(line[:1].isspace() for line in body.splitlines()):
-            out.append(body)
-        else:
-            out.append(_BOLD.sub(r"\1", _FOOTNOTE.sub("", " ".join(body.split()))))
-    return _split_long(out)
-
-
-def _split_long(blocks: list[str]) -> list[str]:
-    out = []
-    for block in blocks:
-        if len(block) <= PASSAGE_CHARS[1] or "\n" in block:
-            out.append(block)
-            continue
-        part = ""
-        for sentence in _SENTENCE.split(block):
-            if part and len(part) + len(sentence) > PASSAGE_CHARS[1] // 2:
-                out.append(part)
-                part = ""
-            part = f"{part} {sentence}".strip()
-        if part:
-            out.append(part)
-    return out
-
-
-def _stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+def _blocks(text: str) -> list[str]:
+    """A document's blocks: unindented paragraphs joined onto one line, cut to the passage target."""
+    return blocks_of(text, PASSAGE_CHARS[1], is_unindented)
 
 
 #: Left out: tests, installed packages, codec tables (encodings), deprecated or demo packages.
@@ -222,7 +176,7 @@ def _stdlib_modules(only: frozenset[str] | None) -> tuple[tuple[str, str, ast.Mo
 
 
 def _read_stdlib(only: frozenset[str] | None) -> tuple[tuple[str, str, ast.Module], ...]:
-    root = _stdlib_root()
+    root = python_source.stdlib_root()
     files = []
     for folder, dirs, names in os.walk(root):  # pruned: site-packages alone holds far more files
         dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
@@ -246,28 +200,21 @@ def _read_stdlib(only: frozenset[str] | None) -> tuple[tuple[str, str, ast.Modul
     return tuple(out)
 
 
-def _family(name: str) -> str:
-    return re.sub(r"-[\d.]+$", "", name)
-
-
 def prose_docs(corpus_names: Sequence[str]) -> list[Doc]:
     """Every document passages are cut from: pydoc topics, the newest version of each licence
     family, stdlib module docstrings, and the wiki/books documents when named."""
     docs: list[Doc] = []
     if "pydoc" in corpus_names:
-        docs += [Doc(t.name, "the Python language reference", tuple(blocks_of(t.text)))
+        docs += [Doc(t.name, "the Python language reference", tuple(_blocks(t.text)))
                  for t in sorted(corpora.pydoc_texts(), key=lambda t: t.name)]
     if "licences" in corpus_names:
-        newest: dict[str, corpora.Text] = {}
-        for text in sorted(corpora.licence_texts(), key=lambda t: t.name):
-            newest[_family(text.name)] = text
-        docs += [Doc(t.name, f"the {f.split('/')[-1]} licence", tuple(blocks_of(t.text)))
-                 for f, t in sorted(newest.items())]
+        docs += [Doc(t.name, f"the {f.split('/')[-1]} licence", tuple(_blocks(t.text)))
+                 for f, t in corpora.newest_licences()]
     for module, _, tree in stdlib_modules():
         doc = ast.get_docstring(tree)
         if doc and len(doc.split()) >= MIN_DOCSTRING_WORDS:
             dotted = module[len("stdlib/"):].replace("/", ".")
-            docs.append(Doc(module, f"the documentation of Python's `{dotted}` module", tuple(blocks_of(doc))))
+            docs.append(Doc(module, f"the documentation of Python's `{dotted}` module", tuple(_blocks(doc))))
     for name, words in (("wiki", "a Wikipedia article"), ("books", "a novel")):
         if name in corpus_names:
             docs += [Doc(t.name, words, tuple(b for b in t.text.split("\n\n") if b.strip()))
@@ -305,24 +252,20 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))
 _COND = re.compile(r"(?:^|[.;:]\s+|,\s+)(If|if|When|when)\s+([^,.;:!?()]{12,110}),\s")
 
 
-def _quotable(sentence: str) -> str | None:
-    return sentence if 5 <= len(sentence.split()) <= 60 and sentence.endswith((".", "!", "?")) else None
-
-
 def passage_fields(doc: Doc, blocks: Sequence[str]) -> dict[str, Any]:
     """What templates may ask of a passage; a field is None when the passage has no good value."""
     prose = [b for b in blocks if _is_prose(b)]
     passage = "\n\n".join(blocks)
-    sentences = [s.strip() for s in _SENTENCE.split(prose[0]) if s.strip()] if prose else []
-    last_sentences = [s.strip() for s in _SENTENCE.split(prose[-1]) if s.strip()] if prose else []
+    first_sentences = sentences(prose[0]) if prose else []
+    last_sentences = sentences(prose[-1]) if prose else []
     words = Counter(w for w in _WORD.findall(passage) if len(w) >= 5 and w.lower() not in _STOP)
     scored = sorted(words.items(), key=lambda kv: (-kv[1] * (3 if re.search(r"[._()]", kv[0]) else 1), kv[0]))
     term, count = next(((w, n) for w, n in scored if n >= 2), (None, None))
     cond = next((m for b in prose for m in _COND.finditer(b)), None)
     return {
         "passage": passage, "source": doc.source, "words": max(10, round(len(passage.split()), -1)),
-        "first": _quotable(sentences[0]) if sentences else None,
-        "last": _quotable(last_sentences[-1]) if last_sentences else None,
+        "first": quotable(first_sentences[0]) if first_sentences else None,
+        "last": quotable(last_sentences[-1]) if last_sentences else None,
         "term": term, "term_count": count,
         "cond_word": cond.group(1).lower() if cond else None, "cond": cond.group(2).strip() if cond else None,
     }
@@ -355,61 +298,25 @@ def _mutate(code: str, rng: random.Random) -> str | None:
 
 
 def functions(module: str, source: str, tree: ast.Module, rng: random.Random) -> list[dict[str, Any]]:
-    """Functions and methods of a module whose source is a copyable size, with their fields."""
-    found: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None]] = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found.append((node, None))
-        elif isinstance(node, ast.ClassDef):
-            found += [(n, node.name) for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    lines_of = source.splitlines()
+    """Functions and methods of a module whose source is a copyable size, with their fields; a
+    :data:`BUGGY_SHARE` of them (drawn from ``rng``) also get a planted bug."""
     out = []
-    for node, cls in found:
-        start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        code = textwrap.dedent("\n".join(lines_of[start - 1:node.end_lineno])).rstrip()
-        if not (MIN_CODE_CHARS <= len(code) <= MAX_CODE_CHARS) or code.count("\n") + 1 > MAX_CODE_LINES:
-            continue
-        params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
-        names = [n for n in ast.walk(node) if isinstance(n, ast.Name)]
-        stored = Counter(n.id for n in names if isinstance(n.ctx, ast.Store))
-        used = Counter(n.id for n in names)
-        local = sorted((x for x in stored if x not in params and not x.startswith("_")), key=lambda x: (-used[x], x))
-        old = local[0] if local else None
-        new = (_RENAMES.get(old) or f"{old}_value") if old else None
-        if new is not None and new in used:
-            old = new = None
-        out.append({
-            "code": code, "buggy": _mutate(code, rng) if rng.random() < BUGGY_SHARE else None, "name": node.name, "kind": "method" if cls else "function",
-            "module": module[len("stdlib/"):].replace("/", "."), "cls": cls, "old": old, "new": new,
-            "loop": True if _LOOP_APPEND.search(code) else None,
-            "comments": True if ("#" in code or ast.get_docstring(node)) else None,
-        })
+    for f in python_source.functions(source, tree, MIN_CODE_CHARS, MAX_CODE_CHARS, MAX_CODE_LINES, _RENAMES):
+        out.append({**f.fields(), "buggy": _mutate(f.code, rng) if rng.random() < BUGGY_SHARE else None,
+                    "module": module[len("stdlib/"):].replace("/", "."),
+                    "loop": True if _LOOP_APPEND.search(f.code) else None})
     return out
 
 
 # ------------------------------------------------------------------------------------ building
 @functools.lru_cache(maxsize=None)
-def _fields_of(template: IT.Template) -> frozenset[str]:
-    return frozenset(f for turn in template.turns for _, f, _, _ in string.Formatter().parse(turn) if f)
-
-
-@functools.lru_cache(maxsize=None)
 def _held(name: str, every: int) -> bool:
     return corpora.is_held_out(name, every)
 
 
-def _fits(template: IT.Template, fields: dict[str, Any]) -> bool:
-    return all(fields.get(name) is not None for name in _fields_of(template) | set(template.requires))
-
-
-def _render(template: IT.Template, fields: dict[str, Any]) -> Messages:
-    roles = ("user", "assistant")
-    return tuple((roles[i % 2], turn.format(**fields)) for i, turn in enumerate(template.turns))
-
-
 def _pick(templates: Sequence[IT.Template], fields: dict[str, Any], held: bool, rng: random.Random
           ) -> IT.Template | None:
-    usable = [t for t in templates if template_held_out(t.name) == held and _fits(t, fields)]
+    usable = [t for t in templates if template_held_out(t.name) == held and fits(t, fields)]
     return rng.choice(usable) if usable else None
 
 
@@ -433,7 +340,7 @@ def _from_sources(kind: str, templates: Sequence[IT.Template], sources: Sequence
         for _ in range(per_source):
             template = _pick(templates, fields, side, rng)
             if template is not None:
-                out.append(Example(kind, template.name, name, _render(template, fields)))
+                out.append(Example(kind, template.name, name, render(template, fields)))
     return out
 
 
@@ -501,7 +408,7 @@ def _build_examples(corpus_names: tuple[str, ...], holdout_every: int, seed: int
         rng = random.Random(f"{seed}/chat/{name}/{fields['problem']}")
         template = _pick(chat, fields, template_held_out(name), rng)
         if template is not None:
-            out["chat"].append(Example("chat", f"{template.name}+{name}", None, _render(template, fields)))
+            out["chat"].append(Example("chat", f"{template.name}+{name}", None, render(template, fields)))
     return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
 
