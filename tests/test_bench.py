@@ -23,7 +23,7 @@ from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, load_results, pa
 from dynatree.bench.sweep import SweepGrid, parse_axis, run_sweep
 from dynatree.cli import app
 from dynatree.errors import DynaTreeError
-from tiny import perturbed, tiny_model
+from tiny import llama_pair, perturbed, tiny_model
 
 T = 16
 
@@ -164,8 +164,7 @@ def test_first_mismatch() -> None:
 # ------------------------------------------------------------------------------ end-to-end runs
 @pytest.fixture(scope="module")
 def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = tiny_model("llama", seed=0)
-    return target, perturbed(target, noise=0.05)
+    return llama_pair()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from dynatree.bench.store import ResultsWriter, load_results
 from dynatree.catalog import BENCH_CACHE_TOKENS
 from dynatree.cli import app
 from dynatree.errors import DynaTreeError
-from tiny import perturbed, tiny_model
+from tiny import llama_pair
 
 T = 16
 SPECS = "dynatree:source=text@plain,dynatree:source=text:text_cache=true@cached"
@@ -30,8 +30,7 @@ SPECS = "dynatree:source=text@plain,dynatree:source=text:text_cache=true@cached"
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = tiny_model("llama", seed=0)
-    return target, perturbed(target, noise=0.05)
+    return llama_pair()
 
 
 @pytest.fixture(scope="module")

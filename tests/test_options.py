@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import perturbed, tiny_model
+from tiny import llama_pair
 
 import dynatree
 from dynatree import DynaTreeError, EngineOptions, StoppingConfig
@@ -65,8 +65,7 @@ def test_keywords_and_options_merge_or_conflict() -> None:
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = tiny_model("llama", 0)
-    return target, perturbed(target, noise=0.05)
+    return llama_pair()
 
 
 IDS = torch.tensor([[5, 6, 7, 8, 9]])

@@ -103,6 +103,12 @@ def perturbed(model: torch.nn.Module, noise: float = 0.03, seed: int = 123) -> t
     return out.eval()
 
 
+def llama_pair(noise: float = 0.05) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The tiny Llama target (seed 0) and a draft that agrees with it only partly."""
+    target = tiny_model("llama", seed=0)
+    return target, perturbed(target, noise=noise)
+
+
 def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, eos=None) -> torch.Tensor:
     """Reference: HF generate, greedy, with EOS stopping only when ``eos`` is given. The explicit
     attention mask matters: without it HF masks every prompt token equal to the pad id (0)."""
