@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from dynatree.loop.generate import StopText
-from dynatree.core.verify import LazyLogits
+from dynatree.core.tree import TreeBuilder
+from dynatree.core.verify import LazyLogits, greedy_accept, likely_chain
 
 
 class CountingHead:
@@ -36,6 +37,48 @@ def test_large_tree_head_stays_per_row() -> None:
     lazy = LazyLogits(hidden, head, 20)
     lazy[0], lazy[5], lazy[5]
     assert head.calls == 2  # only the rows read, each once
+
+
+def chain_tree(n: int) -> "TreeBuilder":
+    """A root with a chain of ``n`` likely nodes (logq -0.1) and a less likely sibling at each level."""
+    tree, node = TreeBuilder(1), 0
+    for i in range(n):
+        tree.add(node, 50 + i, -2.0)  # the unlikely sibling comes first: the chain is picked by logq
+        node = tree.add(node, 10 + i, -0.1)
+    return tree
+
+
+def test_the_likely_chain_follows_the_largest_logq():
+    tree = chain_tree(4).freeze()
+    assert likely_chain(tree) == [0, 2, 4, 6, 8]
+    assert likely_chain(TreeBuilder(3).freeze()) == [0]
+
+
+def test_a_large_tree_walk_along_the_likely_chain_costs_one_head_call():
+    """Greedy acceptance of a long accepted chain (what the text source drafts): one call for the
+    whole walk, not one per accepted node, and the same decision as full logits."""
+    tree = chain_tree(6).freeze()
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(tree.size, 8, generator=g)
+    weight = torch.randn(80, 8, generator=g)
+    # make the target agree with the chain for 4 levels, then pick a token no child has
+    chain = likely_chain(tree)
+    wanted = [int(tree.tokens[c]) for c in chain[1:5]] + [77]
+    for node, token in zip(chain, wanted):
+        weight_row = hidden[node] / hidden[node].norm() ** 2 * 100.0
+        weight[token] = weight_row  # this row's logit dominates at that node
+    full = hidden @ weight.T
+    expected = greedy_accept(tree, full)
+    head = CountingHead(weight)
+    got = greedy_accept(tree, LazyLogits(hidden, head, 80))
+    assert got == expected and len(expected[0]) == 4
+    assert head.calls == 1
+    # control: without the prefetch the same walk costs one call per row read
+    head = CountingHead(weight)
+    lazy = LazyLogits(hidden, head, 80)
+    for node in chain[:5]:
+        lazy[node]
+    assert head.calls == 5
 
 
 class CharTokenizer:

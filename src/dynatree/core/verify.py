@@ -27,7 +27,7 @@ tokens follow the target distribution for any tree, deterministic or sampled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -62,6 +62,19 @@ class LazyLogits:
     def __len__(self) -> int:
         return int(self.hidden.shape[0])
 
+    def prefetch(self, nodes: Sequence[int]) -> None:
+        """The head of ``nodes`` in ONE call, kept for later reads: the rows a walk is likely to
+        read (the draft's most likely chain) cost one pass over the head's weights instead of one
+        pass each. Rows already computed are skipped."""
+        if self._all is not None or len(self) <= self.BATCH_ROWS:
+            return
+        todo = [n for n in dict.fromkeys(nodes) if n not in self._rows]
+        if len(todo) < 2:
+            return
+        rows = self.head(self.hidden[todo])[:, : self.vocab_size].float()
+        for n, row in zip(todo, rows):
+            self._rows[n] = row
+
     def __getitem__(self, node: int) -> torch.Tensor:
         if self._all is None and len(self) <= self.BATCH_ROWS:
             self._all = self.head(self.hidden)[:, : self.vocab_size].float()
@@ -82,6 +95,8 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor | LazyLogits) -> 
     """
     kids = children_lists(tree.parent)
     tokens = tree.tokens.tolist()
+    if isinstance(target_logits, LazyLogits):
+        target_logits.prefetch(likely_chain(tree, kids))
     path: list[int] = []
     node = 0
     while True:
@@ -92,12 +107,27 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor | LazyLogits) -> 
         path.append(node)
 
 
+def likely_chain(tree: TokenTree, kids: list[list[int]] | None = None) -> list[int]:
+    """The root and, level by level, its most likely child under the draft (largest ``logq``,
+    the first on ties): the walk acceptance most likely takes, whose rows
+    :meth:`LazyLogits.prefetch` computes together."""
+    kids = children_lists(tree.parent) if kids is None else kids
+    logq = tree.logq.tolist()
+    chain, node = [0], 0
+    while kids[node]:
+        node = max(kids[node], key=lambda c: logq[c])  # (max keeps the first of equal values)
+        chain.append(node)
+    return chain
+
+
 def sample_accept(
     tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator
 ) -> tuple[list[int], int]:
     """Lossless acceptance at ``cfg.temperature > 0``: (accepted drafted nodes in path order, last token)."""
     kids = children_lists(tree.parent)
     tokens = tree.tokens.tolist()
+    if isinstance(target_logits, LazyLogits):
+        target_logits.prefetch(likely_chain(tree, kids))
     path: list[int] = []
     node = 0
     while True:
