@@ -65,12 +65,14 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float,
     return stat, df, p
 
 
-def exact_marginals(target: torch.nn.Module, cfg: SamplingConfig, positions: int) -> list[torch.Tensor]:
-    """Target marginals of the first ``positions`` generated tokens, by enumerating all prefixes."""
+def exact_marginals(target: torch.nn.Module, cfg: SamplingConfig, positions: int,
+                    prompt: list[int] = PROMPT) -> list[torch.Tensor]:
+    """Target marginals of the first ``positions`` tokens generated after ``prompt``, by
+    enumerating all prefixes (the vocabulary is V tokens)."""
     joint, contexts, out = torch.ones(1), [[]], []
     with torch.inference_mode():
         for _ in range(positions):
-            logits = target(torch.tensor([PROMPT + c for c in contexts])).logits[:, -1]
+            logits = target(torch.tensor([prompt + c for c in contexts])).logits[:, -1]
             step = joint[:, None] * target_probs(logits, cfg)
             out.append(step.sum(0))
             joint = step.flatten()

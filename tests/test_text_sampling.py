@@ -24,7 +24,7 @@ import math
 
 import pytest
 import torch
-from test_sampling import ALPHA, chi_square_pvalue
+from test_sampling import ALPHA, chi_square_pvalue, exact_marginals
 from tiny import perturbed, tiny_model
 
 import dynatree
@@ -67,17 +67,7 @@ def models() -> tuple[torch.nn.Module, torch.nn.Module]:
 @pytest.fixture(scope="module")
 def exact(models) -> list[torch.Tensor]:
     """Target marginals of the first POSITIONS tokens after PROMPT, by enumerating all prefixes."""
-    target = models[0]
-    cfg = SamplingConfig(T)
-    joint, contexts, out = torch.ones(1), [[]], []
-    with torch.inference_mode():
-        for _ in range(POSITIONS):
-            logits = target(torch.tensor([PROMPT + c for c in contexts])).logits[:, -1]
-            step = joint[:, None] * target_probs(logits, cfg)
-            out.append(step.sum(0))
-            joint = step.flatten()
-            contexts = [c + [x] for c in contexts for x in range(V)]
-    return out
+    return exact_marginals(models[0], SamplingConfig(T), POSITIONS, PROMPT)
 
 
 class Tally:

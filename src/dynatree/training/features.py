@@ -19,11 +19,9 @@ from every position, so ``linear_k4_tokens`` is an exact simulation of greedy li
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +43,10 @@ from dynatree.training.distill import (
     start_training,
 )
 from dynatree.training.data import LabelledData, Tokenizer, atomic_save, progress_bar
-from dynatree.training.labels import labelled_sets
+from dynatree.training.labels import labelled_sets, load_stamped, stamp
 from dynatree.text.corpora import Text
 from dynatree.catalog import DEFAULT_TARGET
 from dynatree.training.config import DistillConfig
-from dynatree.drafts.distilled import TargetFingerprint
 from dynatree.errors import DynaTreeError
 from dynatree.drafts.feature_head import FeatureDraft
 
@@ -87,17 +84,15 @@ def features_for(target: nn.Module, train: LabelledData, evals: LabelledData, ou
                  progress: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(train, held-out) features, from ``features.pt`` when made for the same data and target."""
     path = out / FEATURES_FILE
-    key = json.dumps(cfg.data_key())
-    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
-    if path.is_file():
-        saved = torch.load(path, weights_only=True)
-        if saved["key"] == key and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
-            return saved["train"], saved["eval"]
+    wanted = stamp(cfg, target)
+    saved = load_stamped(path, wanted)
+    if saved is not None:
+        return saved["train"], saved["eval"]
     ev = target_features(target, evals.tokens, partial=out / "features-eval.partial.pt", progress=progress,
                          desc="target features (held-out)")
     tr = target_features(target, train.tokens, partial=out / "features-train.partial.pt", progress=progress,
                          desc="target features (train)")
-    atomic_save({"key": key, "fingerprint": asdict(fingerprint), "train": tr, "eval": ev}, path)
+    atomic_save({**wanted, "train": tr, "eval": ev}, path)
     for name in ("features-eval.partial.pt", "features-train.partial.pt"):
         (out / name).unlink(missing_ok=True)
     return tr, ev

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +23,24 @@ from dynatree.training.config import DistillConfig
 from dynatree.training.data import DATA_FILE, LabelledData, Tokenizer, atomic_save, concat, label_continuation
 
 
+def stamp(cfg: DistillConfig, target: nn.Module) -> dict[str, Any]:
+    """What a cached file of labels or features is valid for: the data settings and the target's
+    weights (a fingerprint of its embeddings). Saved beside the payload."""
+    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
+    return {"key": json.dumps(cfg.data_key()), "fingerprint": asdict(fingerprint)}
+
+
+def load_stamped(path: Path, wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The file at ``path`` if it was saved under the ``wanted`` stamp, else None (made again)."""
+    if not path.is_file():
+        return None
+    saved = torch.load(path, weights_only=True)
+    fingerprint = TargetFingerprint(**wanted["fingerprint"])
+    if saved["key"] == wanted["key"] and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
+        return saved
+    return None
+
+
 def labelled_sets(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: DistillConfig,
                   documents: Sequence[Text] | None = None, progress: bool = True,
                   log: Callable[[str], None] = print) -> tuple[LabelledData, LabelledData]:
@@ -29,12 +48,10 @@ def labelled_sets(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: Disti
     data (tests). Cached in ``out/data.pt`` under :meth:`DistillConfig.data_key`."""
     out.mkdir(parents=True, exist_ok=True)
     data_path = out / DATA_FILE
-    key = json.dumps(cfg.data_key())
-    fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
-    if data_path.is_file():
-        saved = torch.load(data_path, weights_only=True)
-        if saved["key"] == key and TargetFingerprint(**saved["fingerprint"]).matches(fingerprint):
-            return LabelledData(**saved["train"]), LabelledData(**saved["eval"])
+    wanted = stamp(cfg, target)
+    saved = load_stamped(data_path, wanted)
+    if saved is not None:
+        return LabelledData(**saved["train"]), LabelledData(**saved["eval"])
 
     if cfg.data == "continuation":
         train, evals = label_continuation(target, tokenizer, out, cfg, documents, progress)
@@ -58,7 +75,7 @@ def labelled_sets(target: nn.Module, tokenizer: Tokenizer, out: Path, cfg: Disti
                 parts.append(instruct.label_instruct_side(target, tokenizer, cfg, n, held, out, progress, log))
             sides.append(concat(parts))
         train, evals = sides
-    atomic_save({"key": key, "fingerprint": asdict(fingerprint), "train": train.as_dict(), "eval": evals.as_dict()},
+    atomic_save({**wanted, "train": train.as_dict(), "eval": evals.as_dict()},
                 data_path)
     for partial in out.glob("*.partial.pt"):  # the complete data is in data.pt
         partial.unlink(missing_ok=True)
