@@ -255,3 +255,46 @@ def test_a_distilled_folder_is_a_draft_spec(tmp_path: Path) -> None:
     assert isinstance(loaded, R.DistilledDraft) and loaded.draft_config.vocab_subset == draft.draft_config.vocab_subset
     target.save_pretrained(tmp_path / "hf")
     assert not _is_distilled_folder(str(tmp_path / "hf")) and not _is_distilled_folder(str(tmp_path / "none"))
+
+
+def test_warm_start_keeps_the_source_draft_where_subsets_overlap(tmp_path: Path) -> None:
+    """``init=``: layers and norm come from the source draft, head rows of shared tokens too; the
+    rows of tokens new to the subset keep their start from the target's embedding."""
+    target = tiny_target()
+    source = make_draft(target, list(range(10, 60)), layers=1)
+    with torch.no_grad():  # a "trained" source: anything but the target's own start
+        for p in source.parameters():
+            p.add_(torch.randn_like(p))
+    fresh = make_draft(target, list(range(40, 90)), layers=1)
+    warm = make_draft(target, list(range(40, 90)), layers=1)
+    assert D.warm_start(warm, source) == 20  # tokens 40..59 are in both subsets
+    assert torch.equal(warm.head.weight[:20], source.head.weight[30:])
+    assert torch.equal(warm.head.weight[20:], fresh.head.weight[20:])
+    ids = torch.randint(VOCAB, (1, 7))
+    with torch.no_grad():  # same layers: the hidden states of both are the source's
+        assert torch.allclose(warm.hidden_states(ids)[0], source.hidden_states(ids)[0])
+        assert not torch.allclose(fresh.hidden_states(ids)[0], source.hidden_states(ids)[0])
+    with pytest.raises(DynaTreeError, match="pass --layers 1"):
+        D.warm_start(make_draft(target, list(range(40, 90)), layers=2), source)
+
+
+def test_distill_with_init_starts_from_the_given_draft(tmp_path: Path) -> None:
+    """A run with ``init=`` scores at step 0 like its source would, on the same subset; without it the
+    draft starts from the target's early exit, so the first losses differ."""
+    target = tiny_target()
+    first = D.distill(target, ByteTokenizer(), out_dir=tmp_path / "a", config=D.DistillConfig(steps=8, **SMALL),
+                      documents=DOCS, target_name="tiny", progress=False)
+    cfg = D.DistillConfig(steps=1, **SMALL, init=str(first))
+    D.distill(target, ByteTokenizer(), out_dir=tmp_path / "b", config=cfg, documents=DOCS,
+              target_name="tiny", progress=False)
+    cold = D.DistillConfig(steps=1, **SMALL)
+    D.distill(target, ByteTokenizer(), out_dir=tmp_path / "c", config=cold, documents=DOCS,
+              target_name="tiny", progress=False)
+    trained = _log_steps(tmp_path / "a")[-1]["loss"]
+    warm_first, cold_first = _log_steps(tmp_path / "b")[0]["loss"], _log_steps(tmp_path / "c")[0]["loss"]
+    assert abs(warm_first - trained) < abs(cold_first - trained)
+    with pytest.raises(DynaTreeError, match="no distilled draft"):
+        D.distill(target, ByteTokenizer(), out_dir=tmp_path / "d", config=dataclasses.replace(cfg, init=str(tmp_path)),
+                  documents=DOCS, target_name="tiny", progress=False)
+    with pytest.raises(DynaTreeError, match="independent drafts only"):
+        D.DistillConfig(kind="feature", init=str(first))

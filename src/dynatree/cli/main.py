@@ -298,6 +298,8 @@ def distill_command(
     kind: Annotated[str, typer.Option(help="independent (tokens only) or feature (reads the target's hidden "
                                            "states, the EAGLE idea)")] = DistillConfig.kind,
     unroll: Annotated[int, typer.Option(help="feature drafts: tree levels trained per step")] = DistillConfig.unroll,
+    init: Annotated[str, typer.Option(help="a draft folder (from dynatree distill) to start from instead of the "
+                                           "target's first layers: fine-tune it on this data")] = DistillConfig.init,
     out: Path = Path("distilled-draft"),
     resume: bool = True,
     threads: int | None = None,
@@ -327,7 +329,7 @@ def distill_command(
                         data=data, max_prompt_tokens=max_prompt_tokens, answer_tokens=answer_tokens,
                         sample_fraction=sample_fraction, sample_temperature=sample_temperature,
                         followup_fraction=followup_fraction, instruct_fraction=instruct_fraction,
-                        gen_batch=gen_batch)
+                        gen_batch=gen_batch, init=init)
     final, metrics = distill_with_target(target, cfg, out=out, resume=resume, device=device, progress=progress)
     typer.echo(f"draft written to {final}: held-out greedy agreement {metrics['generated']:.1%}, "
                f"linear K=4 tokens/round {metrics['linear_k4_tokens']:.2f}")

@@ -66,6 +66,10 @@ class DistillConfig:
     sample_temperature: float = 0.8
     followup_fraction: float = 0.1  # instruct: second-turn requests after the target's own answer
     instruct_fraction: float = 0.5  # mix only
+    #: A draft folder (independent kind, same ``layers``) to start from instead of the target's
+    #: first layers: fine-tuning a draft trained on one kind of text on another keeps what the
+    #: first run paid for (a GPU run's instruct answers, say) while the new data adds the rest.
+    init: str = ""
 
     def corpus_names(self) -> list[str]:
         """The corpora this config reads (``corpora``, or the default of its data kind)."""
@@ -115,6 +119,8 @@ class DistillConfig:
             raise DynaTreeError(f"kind must be 'independent' or 'feature', got {self.kind!r}")
         if self.unroll < 1 or self.feature_weight < 0:
             raise DynaTreeError("unroll must be >= 1 and feature_weight >= 0")
+        if self.init and self.kind != "independent":
+            raise DynaTreeError("init (a draft folder to start from) works for independent drafts only")
         if self.holdout_every < 2:
             raise DynaTreeError("holdout_every must be >= 2 (1 would hold out every document)")
 

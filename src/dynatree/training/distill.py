@@ -45,6 +45,7 @@ from dynatree.training.data import (
 )
 from dynatree.training.instruct import KINDS
 from dynatree.training.labels import labelled_sets
+from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.drafts.distilled import DistilledDraft, DraftConfig, _atomic, save_draft
 from dynatree.errors import DynaTreeError
 
@@ -214,6 +215,31 @@ def draft_config_for(target: nn.Module, tokenizer: Tokenizer, train: LabelledDat
                                            kind=kind)
 
 
+def warm_start(draft: DistilledDraft, source: DistilledDraft) -> int:
+    """Copy ``source``'s layers and final norm into ``draft``, and its head rows for the tokens
+    both subsets hold; returns how many head rows were copied.
+
+    Why row by row: the subset is chosen again from the new data (the tokens of a new domain
+    must be in it), so the rows of tokens new to the subset keep their start from the target's
+    embedding (:meth:`DistilledDraft.init_from_target`) and the rest keep what ``source`` learnt.
+    """
+    if type(source) is not DistilledDraft:
+        raise DynaTreeError(f"the init draft is a {type(source).__name__}; only an independent draft "
+                            "(dynatree distill --kind independent) can start another")
+    if len(source.model.layers) != len(draft.model.layers):
+        raise DynaTreeError(f"the init draft has {len(source.model.layers)} layers, the config asks for "
+                            f"{len(draft.model.layers)}; pass --layers {len(source.model.layers)}")
+    with torch.no_grad():
+        draft.model.layers.load_state_dict(source.model.layers.state_dict())
+        draft.model.norm.load_state_dict(source.model.norm.state_dict())
+        old = {int(t): i for i, t in enumerate(source.vocab_subset.tolist())}
+        pairs = [(j, old[int(t)]) for j, t in enumerate(draft.vocab_subset.tolist()) if int(t) in old]
+        if pairs:
+            new_rows, old_rows = (torch.tensor(x) for x in zip(*pairs))
+            draft.head.weight[new_rows] = source.head.weight[old_rows].to(draft.head.weight)
+    return len(pairs)
+
+
 def start_training(draft: nn.Module, cfg: DistillConfig, subset: list[int], ckpt_path: Path, log_path: Path,
                    resume: bool) -> tuple[torch.optim.Optimizer, torch.Generator, int]:
     """(optimizer, batch-sampler generator, step) for a fresh run, or restored from ``ckpt_path``
@@ -256,6 +282,8 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
        document (the same split as the bench's offline prompt sets);
     2. target labels: greedy continuations + top-k logits at every position (``data.pt``);
     3. vocabulary subset = the target's most frequent top-1 tokens on the training labels;
+       weights from the target's first layers, or from the draft ``config.init`` names
+       (:func:`warm_start`);
     4. AdamW on layers + norm + head, checkpointed every ``checkpoint_every`` steps with the
        optimizer and sampler RNG (``checkpoint.pt``, atomic), held-out agreement every
        ``eval_every`` steps, one JSON line per step in ``train_log.jsonl``;
@@ -269,10 +297,13 @@ def distill(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | os.PathLi
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     ckpt_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
+    source = load_distilled_draft(target, cfg.init) if cfg.init else None  # bad paths fail before labelling
     train, evals = labelled_sets(target, tokenizer, out, cfg, documents, progress)
     subset, dcfg = draft_config_for(target, tokenizer, train, cfg, target_name)
     draft = DistilledDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
+    if source is not None:
+        warm_start(draft, source)
     optimizer, gen, step = start_training(draft, cfg, subset, ckpt_path, log_path, resume)
 
     idx, probs = subset_targets(train, draft.vocab_subset.cpu(), dcfg.vocab_size)
