@@ -132,3 +132,34 @@ def test_text_sources_under_kv_eviction_equal_autoregressive_under_the_same_evic
     ref = generate(target, None, ids, "autoregressive", **run)
     assert torch.equal(out.sequences, ref.sequences)
     assert len(out.stats.rounds) < 60  # the text drafted
+
+
+def test_the_cache_takes_in_the_request_as_returned_not_what_a_last_round_committed_past_it() -> None:
+    """A last round may commit tokens past the stop token or the length limit, which the output does
+    not keep: the cross-request cache must hold the request as returned (prompt + output), or a
+    later request would be drafted from tokens no one saw."""
+    from dynatree.drafts.suffix_index import SuffixCache, SuffixSource
+
+    cache = SuffixCache(10_000)
+    source = SuffixSource(cache)
+    source.start([5, 6, 7])
+    source.commit([8, 9, 10, 11])  # the round committed 4 tokens, the output kept 2
+    source.finish(length=5)
+    assert cache.num_sequences == 1 and cache.num_tokens == 5
+    assert cache.index.sequence(next(iter(cache._lengths))) == [5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["text", "hybrid"])
+def test_the_loop_tells_the_source_how_long_the_request_is(with_model: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``finish`` gets the returned sequence's length (prompt + output), whichever source drafts."""
+    from dynatree.drafts.suffix_index import SuffixSource
+
+    lengths: list[int | None] = []
+    real = SuffixSource.finish
+    monkeypatch.setattr(SuffixSource, "finish", lambda self, keep_prompt=True, length=None: (
+        lengths.append(length), real(self, keep_prompt, length)))
+    target = tiny_model("llama", seed=1)
+    ids = repetitive_prompt(target.config.vocab_size)
+    out = generate(target, TextDraft(model=perturbed(target) if with_model else None), ids, max_new_tokens=9,
+                   stopping=NO_EOS)
+    assert lengths == [out.sequences.shape[1]] == [len(ids) + 9]

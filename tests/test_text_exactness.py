@@ -93,8 +93,9 @@ def fresh_prompt(arch: str) -> tuple[int, ...]:
 def draft_for(arch: str, source: str, trim: bool = False) -> TextDraft | None:
     if source == "text":
         return None if trim else TextDraft(trim=False)
-    return TextDraft(model=models(arch)[1], confident=1e9 if source == "hybrid-merge" else TextDraft.confident,
-                     trim=trim)
+    merge_all = source == "hybrid-merge"  # the model drafts every round, whatever it earns
+    return TextDraft(model=models(arch)[1], confident=1e9 if merge_all else TextDraft.confident,
+                     model_min_gain=0.0 if merge_all else TextDraft.model_min_gain, trim=trim)
 
 
 class Recorder:

@@ -49,12 +49,12 @@ REAL_MERGE = suffix.merge
 CONFIGS = {
     "text": (None, "dynatree", {}),
     # the model's deterministic (top-k) tree with the text merged in, every round
-    "hybrid-dynatree": ({"confident": 1e9}, "dynatree", {"max_nodes": 12, "root_branching": True}),
+    "hybrid-dynatree": ({"confident": 1e9, "model_min_gain": 0.0}, "dynatree", {"max_nodes": 12, "root_branching": True}),
     # rounds the text is confident about: text alone; the others: DySpec's sampled tree
     "hybrid-dyspec": ({}, "dyspec", {"max_nodes": 8}),
     "hybrid-dyspec-threshold": ({}, "dyspec-threshold", {"threshold": 0.05, "max_nodes": 8}),
     # DySpec every round: the text proposes, but nothing may go under a sampled parent (the root)
-    "hybrid-dyspec-merge": ({"confident": 1e9}, "dyspec", {"max_nodes": 8}),
+    "hybrid-dyspec-merge": ({"confident": 1e9, "model_min_gain": 0.0}, "dyspec", {"max_nodes": 8}),
 }
 
 

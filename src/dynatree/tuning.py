@@ -56,6 +56,12 @@ TEXT_MIN_PROB = 0.1
 TEXT_ALPHA = 8.0
 TEXT_MAX_SPEC = 32
 TEXT_CONFIDENT = 2.0
+#: Tokens a hybrid tree's draft model must add per call, beyond what the text's own nodes would
+#: have had accepted, to keep being called where the text is unsure (``drafts.model_gate``): about
+#: what a call costs on the 2-core EPYC in plain steps -- 2-3 draft forwards of 0.08 step each
+#: (``benchmarks/distill/README.md``) plus its 3 verify rows (~0.1 step on ``TEXT_COST_CURVE``).
+#: 0 calls the model in every unsure round (the behaviour before the gate).
+TEXT_MODEL_MIN_GAIN = 0.3
 #: Verify cost (relative to a one-row step) by rows, root included, that ``TextDraft(trim=True)``
 #: cuts the text's proposal against when no cost profile is measured (``DYNATREE_COST_MODEL=on``
 #: measures one, which then wins): per device type, ``(rows, relative cost)``, interpolated

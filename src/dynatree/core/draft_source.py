@@ -103,9 +103,11 @@ class DraftSource(ABC):
     def use_cost_model(self, profile: "CostProfile | None") -> None:
         """Receive the target's measured verify-cost profile (None: none was measured)."""
 
-    def finish(self) -> None:
-        """The generation ended (its tokens are all committed): a source that learns across
-        requests (the text source's cross-request cache) takes them in here."""
+    def finish(self, length: int | None = None) -> None:
+        """The generation ended: a source that learns across requests (the text source's
+        cross-request cache) takes it in here. The request's text is the first ``length`` tokens of
+        what was prefilled and committed (None: all of them): a last round can commit tokens past
+        the stop token or the length limit, which the output does not keep."""
 
     # ------------------------------------------------- level calls, for sources with a model
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:

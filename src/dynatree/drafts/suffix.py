@@ -41,6 +41,7 @@ from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.runtime.cache import StaticCachedModel
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
+from dynatree.drafts.model_gate import ModelGate
 from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixSource
 from dynatree import tuning
 from dynatree.errors import check
@@ -62,7 +63,8 @@ class TextDraft:
     path probabilities calibrated by the acceptance the text has earned so far (:func:`trim`,
     :class:`StepAcceptance`; False: always up to ``budget`` nodes, as before the cut existed);
     ``cache``: a :class:`SuffixCache` shared across requests (chat turns, the prompts of a bench
-    run), or None.
+    run), or None; ``model_min_gain``: with a model, the tokens per call it must add beyond the
+    text's own nodes to keep drafting where the text is unsure (:class:`ModelGate`; 0: always).
     """
 
     model: torch.nn.Module | None = None
@@ -72,6 +74,7 @@ class TextDraft:
     max_spec: int = tuning.TEXT_MAX_SPEC
     confident: float = tuning.TEXT_CONFIDENT
     trim: bool = True
+    model_min_gain: float = tuning.TEXT_MODEL_MIN_GAIN
     cache: SuffixCache | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,7 @@ class TextDraft:
         check(isinstance(self.max_spec, int) and self.max_spec >= 1, "max_spec", "an integer >= 1", self.max_spec)
         check(self.confident >= 0, "confident", "a number >= 0", self.confident)
         check(isinstance(self.trim, bool), "trim", "True or False", self.trim)
+        check(self.model_min_gain >= 0, "model_min_gain", "a number >= 0", self.model_min_gain)
 
     def index(self) -> SuffixSource:
         return SuffixSource(self.cache, min_prob=self.min_prob, alpha=self.alpha, max_spec=self.max_spec)
@@ -205,8 +209,8 @@ class SuffixDraft(DraftSource):
         self._proposal = None  # (a plain step the back-off took drafted nothing)
         self.text.commit(tokens)
 
-    def finish(self) -> None:
-        self.text.finish()  # into the cross-request cache, when there is one
+    def finish(self, length: int | None = None) -> None:
+        self.text.finish(length=length)  # into the cross-request cache, when there is one
 
 
 class HybridDraft(DraftSource):
@@ -242,7 +246,9 @@ class HybridDraft(DraftSource):
         self.text = config.index()
         self.acceptance = StepAcceptance()
         self._proposal: Proposal | None = None  # this round's whole text proposal, for the calibration
+        self._merged: Proposal | None = None  # the text nodes that joined the model's tree this round
         self._called = False  # whether the model drafted this round
+        self.gate = ModelGate(min_gain=config.model_min_gain)
 
     def wants_cost_model(self) -> bool:
         return self.config.trim
@@ -265,13 +271,15 @@ class HybridDraft(DraftSource):
         # cut then turns a confident-looking but refused text into a plain step, where the
         # calibrated score called the model instead (chat, 128 tokens, real pair: model rounds
         # 35 -> 84 of ~85, modeled verify cost per token 0.99 -> 1.13, the model's calls not counted).
-        self._called = proposal.score < self.config.confident
+        # Where the text is unsure, the model still drafts only while it earns its calls (ModelGate).
+        self._called = proposal.score < self.config.confident and self.gate.should_call()
         rate = self.acceptance.rate
         if self._called:  # the text is unsure: the model drafts, the text joins in
             self.model.draft(builder, policy)
             if self.cost is not None:
                 proposal = trim_merged(builder, proposal, self.cost, self.max_rows, rate)
             merge(builder, proposal, self.max_rows)
+            self._merged = proposal
         else:
             if self.cost is not None:
                 proposal = trim(proposal, self.cost, rate=rate)
@@ -281,13 +289,15 @@ class HybridDraft(DraftSource):
         tokens = committed_tokens(tree, list(accepted), bonus)
         if self._proposal is not None and self.cost is not None:
             self.acceptance.learn(self._proposal, tokens)  # (the committed tokens are the target's, whoever drafted)
-        self._proposal = None
+        if self._called and self._merged is not None:  # what the model added beyond the text's nodes
+            self.gate.observe(max(0, len(accepted) - self._merged.matched(tokens)))
+        self._proposal = self._merged = None
         self.text.commit(tokens)
         self.model.commit(tree, accepted, bonus, features)
 
-    def finish(self) -> None:
-        self.text.finish()
-        self.model.finish()
+    def finish(self, length: int | None = None) -> None:
+        self.text.finish(length=length)
+        self.model.finish(length)
 
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
         return self.model.begin_round(builder)

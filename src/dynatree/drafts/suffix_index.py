@@ -122,6 +122,18 @@ class Proposal:
         return Proposal(self.parents[:n], self.tokens[:n], self.logprobs[:n], self.match_len,
                         float(sum(self.path_probs()[:n])))
 
+    def matched(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` follow one path of this proposal from its root: what the
+        proposal alone would have had accepted if ``tokens`` are what the target committed."""
+        child = {(p, t): i for i, (p, t) in enumerate(zip(self.parents, self.tokens))}
+        node, depth = -1, 0
+        for token in tokens:
+            node = child.get((node, token), -2)
+            if node == -2:
+                break
+            depth += 1
+        return depth
+
     def add_to(self, builder: TreeBuilder, under: int = 0) -> list[int]:
         """Add the nodes to ``builder`` below node ``under`` (logq = log conditional probability);
         returns the builder indices of the new nodes, in this proposal's order."""
@@ -474,7 +486,7 @@ class SuffixSource:
     optional shared :class:`SuffixCache`; the better-scoring proposal of the two is used.
 
     ``start(prompt)``, then per round ``propose(budget)`` and ``commit(accepted tokens)``;
-    ``finish()`` moves the request into the cache (the prompt too unless ``keep_prompt=False``).
+    ``finish(length=)`` moves the request into the cache (the prompt too unless ``keep_prompt=False``).
     ``options`` are :meth:`SuffixIndex.propose`'s keywords.
     """
 
@@ -507,7 +519,9 @@ class SuffixSource:
         indexes = [self.index] if self.cache is None else [self.index, self.cache.index]
         return propose_best(self.context, indexes, budget, **self.options)
 
-    def finish(self, keep_prompt: bool = True) -> None:
+    def finish(self, keep_prompt: bool = True, length: int | None = None) -> None:
+        """Into the cache: the first ``length`` tokens of the context (None: all), less the prompt
+        when ``keep_prompt`` is False."""
         if self.cache is not None:
-            self.cache.add(self.context[0 if keep_prompt else self._prompt_len :])
+            self.cache.add(self.context[: length][0 if keep_prompt else self._prompt_len :])
         self.start([])

@@ -306,8 +306,8 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         if new[-1] in stop or hit:
             break
 
-    if source is not None:
-        source.finish()
+    if source is not None:  # (tokens committed past a stop or the length limit are not the request's)
+        source.finish(len(prompt) + len(out))
     stats.new_tokens = len(out)
     stats.t_total = clock() - start
     sequences = torch.tensor([prompt + out], dtype=torch.long)
