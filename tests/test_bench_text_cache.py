@@ -138,8 +138,7 @@ def test_a_cached_row_has_its_own_key_which_names_the_prompts_before_it(pair, tw
 
 
 def test_text_cache_is_validated_before_anything_runs(tmp_path: Path, monkeypatch) -> None:
-    for bad, message in (("dynatree:text_cache=true", "needs source=text or source=hybrid"),
-                         ("dynatree:source=model:text_cache=8", "needs source=text or source=hybrid"),
+    for bad, message in (("dynatree:source=model:text_cache=8", "source=model drafts from the model alone"),
                          ("autoregressive:text_cache=true", "drafts nothing"),
                          ("hf-prompt-lookup:text_cache=true", "takes no"),
                          ("dynatree:source=text:text_cache=0", "text_cache must be true, false or a token count"),
@@ -147,12 +146,15 @@ def test_text_cache_is_validated_before_anything_runs(tmp_path: Path, monkeypatc
         with pytest.raises(DynaTreeError, match=message):
             parse_strategies(bad)
     assert parse_strategies("dynatree:source=model:text_cache=false")[1].text_cache is None
+    implied, given = parse_strategies("dynatree:text_cache=true,dynatree:source=hybrid:text_cache=true@h")[1:]
+    assert implied.source == given.source == "hybrid" and implied.config == given.config  # one row key
+    assert implied.without_model().source == "text"  # no draft model: the text alone, with its cache
     from dynatree.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    res = CliRunner().invoke(app, ["bench", "--strategies", "linear:text_cache=true", "--output",
+    res = CliRunner().invoke(app, ["bench", "--strategies", "linear:source=model:text_cache=true", "--output",
                                    str(tmp_path / "r.jsonl")])
-    assert res.exit_code == 2 and "needs source=text" in res.output, res.output
+    assert res.exit_code == 2 and "source=model drafts from the model alone" in res.output, res.output
 
 
 def test_the_greedy_check_still_catches_a_cached_row_that_differs(pair, twins, monkeypatch) -> None:

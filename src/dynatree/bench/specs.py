@@ -18,8 +18,8 @@ Syntax (one string, as given to ``--strategies``)::
   ``dynatree:engine=static:compile=true@dynatree-compiled``,
   ``dynatree:source=hybrid@dynatree-hybrid`` or ``dynatree:source=text:text_trim=false@text-full``.
   Without ``source`` a spec drafts with the model, or from the text when the bench has no draft
-  model (``--draft none``). ``text_cache=true|N`` (with
-  ``source=text`` or ``hybrid``) gives the spec's text source one cross-request
+  model (``--draft none``). ``text_cache=true|N`` (``source=text`` or ``hybrid``; without
+  ``source``, the hybrid) gives the spec's text source one cross-request
   :class:`~dynatree.drafts.suffix_index.SuffixCache` of at most N tokens (``true``:
   :data:`~dynatree.catalog.BENCH_CACHE_TOKENS`) shared by its rows, in prompt order: each prompt
   drafts also from the earlier prompts and their outputs (see :mod:`dynatree.bench.runner`);
@@ -112,9 +112,10 @@ class StrategySpec:
                                         f"got {cache!r}")
                 if self.name == AUTOREGRESSIVE:
                     raise DynaTreeError(f"'{where}': autoregressive drafts nothing; it takes no text_cache option")
-                if cache is not False and run.get("source") not in ("text", "hybrid"):
-                    raise DynaTreeError(f"'{where}': text_cache is the text source's; it needs source=text or "
-                                        "source=hybrid")
+                if cache is not False and run.get("source") == "model":
+                    raise DynaTreeError(f"'{where}': text_cache is the text source's and source=model drafts "
+                                        "from the model alone; drop source= (text_cache implies the hybrid) "
+                                        "or pass source=text")
         if self.name == HF_ASSISTED:
             unknown = sorted(set(self.options) - set(HF_ASSISTED_OPTIONS))
             if unknown:
@@ -139,6 +140,7 @@ class StrategySpec:
             config.pop("text_cache", None)
             if self.text_cache is not None:  # the bound itself: true and its number share one row key
                 config["text_cache"] = self.text_cache
+                config["source"] = self.source  # (implied or given: both spellings share a key)
         object.__setattr__(self, "config", config)
         if not self.label:
             object.__setattr__(self, "label", format_spec(self.name, self.options))
@@ -152,10 +154,11 @@ class StrategySpec:
     @property
     def source(self) -> str | None:
         """What drafts for this spec (``model``, ``text`` or ``hybrid``); None for a strategy that
-        drafts nothing or runs HF's decoders, and ``model`` when the spec does not say."""
+        drafts nothing or runs HF's decoders; when the spec does not say, ``hybrid`` with a
+        ``text_cache`` (the cache is the text's) and ``model`` otherwise."""
         if self.name in (AUTOREGRESSIVE, *HF_NAMES):
             return None
-        return self.run.get("source", "model")
+        return self.run.get("source", "hybrid" if self.text_cache is not None else "model")
 
     @property
     def text_cache(self) -> int | None:
