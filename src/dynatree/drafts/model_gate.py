@@ -71,10 +71,9 @@ class ModelGate:
         self.gain = self.decay * self.gain + gain
         self.weight = self.decay * self.weight + 1.0
         self.calls += 1
-        mean = self.mean_gain
-        if self.calls < self.min_calls or mean is None:
+        if self.calls < self.min_calls:
             return
-        if mean >= self.min_gain:
+        if self.gain >= self.min_gain * self.weight:  # the mean gain, without dividing
             self.pause = self.first_pause  # earned: the next loss pauses briefly again
             return
         self.pause_left = self.pause  # lost: sit out, then probe afresh
