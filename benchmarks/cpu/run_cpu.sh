@@ -103,7 +103,23 @@ step_tree_blocks() {
   PYTHONPATH=src python $out/tree_blocks.py
 }
 
-steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks"
+# session 12: prose continuation with the instruct-tuned default draft against the previous (prose-only)
+# default, each in its own process (one --draft per bench; compare ratios, not tok/s). 2 threads, idle.
+step_prose_draft() {
+  local S="autoregressive,hf-generate,linear:k=4,dynatree@model,dynatree:source=hybrid@hybrid" ds old
+  old=$(mktemp -d)
+  git show 74ff75c:src/dynatree/assets/drafts/smollm2-135m-distilled/config.json > "$old/config.json"
+  git show 74ff75c:src/dynatree/assets/drafts/smollm2-135m-distilled/model.safetensors > "$old/model.safetensors"
+  for ds in wiki-offline books-offline; do
+    dynatree bench --dataset $ds --num-prompts 3 --max-prompt-tokens 256 --max-new-tokens 96 --warmup 1 --threads 2 \
+      --no-progress --strategies "$S" --output $out/prose_draft.jsonl
+    dynatree bench --dataset $ds --num-prompts 3 --max-prompt-tokens 256 --max-new-tokens 96 --warmup 1 --threads 2 \
+      --no-progress --draft "$old" --strategies "$S" --output $out/prose_draft_previous.jsonl
+  done
+  rm -r "$old"
+}
+
+steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks prose_draft"
 for step in ${*:-$steps}; do
   if ! declare -F "step_$step" > /dev/null; then
     echo "unknown step '$step'; steps: $steps" >&2
