@@ -250,6 +250,34 @@ def test_instruct_distill_end_to_end_data_reused_and_resumable(small_stdlib, tmp
         L.labelled_sets(target, tok, tmp_path, dataclasses.replace(cfg, answer_tokens=6), progress=False)
 
 
+def test_feature_head_on_instruct_data_reads_fused_layers_end_to_end(small_stdlib, tmp_path: Path) -> None:
+    """``--kind feature --feature-layers auto`` on left-padded instruct data: features per layer
+    are cached, the loss goes down, the held-out score is by kind, and the loaded draft is exact."""
+    from dynatree import generate
+    from dynatree.drafts.checkpoint import load_distilled_draft
+    from dynatree.drafts.feature_head import FeatureDraft
+    from dynatree.options import StoppingConfig
+    from dynatree.training import features as F
+
+    tok = tiny_tokenizer()
+    target = tiny_target(eos=tok.eos_token_id)
+    cfg = DistillConfig(data="instruct", kind="feature", feature_layers="auto", unroll=2,
+                        **{**SMALL, "steps": 6, "followup_fraction": 0.0})
+    final = F.distill_features(target, tok, out_dir=tmp_path, config=cfg, target_name="tiny", progress=False)
+    saved = torch.load(tmp_path / F.FEATURES_FILE, weights_only=True)
+    assert saved["train"].shape[-1] == 2 * 32  # layers (1, 2) of the 3-layer target, concatenated
+    log = [json.loads(line) for line in (tmp_path / D.LOG_FILE).read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 7)) and log[-1]["loss"] < log[0]["loss"]
+    metrics = json.loads((final / "metrics.json").read_text())
+    assert set(metrics["eval"]["by_kind"]) <= set(I.KINDS) and metrics["eval"]["positions"] > 0
+    draft = load_distilled_draft(target, final)
+    assert isinstance(draft, FeatureDraft) and draft.feature_layers == (1, 2)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+    stop = StoppingConfig(eos_token_id=())
+    ref = generate(target, None, prompt, "autoregressive", max_new_tokens=12, stopping=stop).sequences
+    assert torch.equal(generate(target, draft, prompt, "dynatree", max_new_tokens=12, stopping=stop).sequences, ref)
+
+
 def test_interrupted_labelling_resumes_from_its_partial_file(small_stdlib, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     tok = tiny_tokenizer()
@@ -298,8 +326,14 @@ def test_mix_pads_continuation_rows_and_keeps_their_generated_columns(small_stdl
 def test_config_validation_and_data_key() -> None:
     with pytest.raises(DynaTreeError, match="data must be"):
         DistillConfig(data="chat")
-    with pytest.raises(DynaTreeError, match="feature drafts"):
-        DistillConfig(data="instruct", kind="feature")
+    DistillConfig(data="instruct", kind="feature", feature_layers="auto")  # fused layers on instruct data
+    for bad, match in ((dict(feature_layers="auto"), "feature drafts"),
+                       (dict(kind="feature", feature_layers="2,x"), "layer numbers"),
+                       (dict(kind="feature", feature_layers="auto", feature_weight=1.0), "feature_weight")):
+        with pytest.raises(DynaTreeError, match=match):
+            DistillConfig(**bad)
+    assert DistillConfig(kind="feature").regression_weight() == 1.0
+    assert DistillConfig(kind="feature", feature_layers="auto").regression_weight() == 0.0
     with pytest.raises(DynaTreeError, match="seq_len"):
         DistillConfig(data="instruct", seq_len=600, max_prompt_tokens=400, answer_tokens=100)
     DistillConfig(data="instruct", seq_len=500, max_prompt_tokens=400, answer_tokens=100)

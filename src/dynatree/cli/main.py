@@ -298,6 +298,10 @@ def distill_command(
     kind: Annotated[str, typer.Option(help="independent (tokens only) or feature (reads the target's hidden "
                                            "states, the EAGLE idea)")] = DistillConfig.kind,
     unroll: Annotated[int, typer.Option(help="feature drafts: tree levels trained per step")] = DistillConfig.unroll,
+    feature_layers: Annotated[str, typer.Option(help="feature drafts: what the head reads of the target: empty = "
+                                                     "its final hidden state; auto = a low, a middle and a high "
+                                                     "layer fused (EAGLE-3); or layer numbers, e.g. 2,15,27")
+                              ] = DistillConfig.feature_layers,
     init: Annotated[str, typer.Option(help="a draft folder (from dynatree distill) to start from instead of the "
                                            "target's first layers: fine-tune it on this data")] = DistillConfig.init,
     out: Path = Path("distilled-draft"),
@@ -326,6 +330,7 @@ def distill_command(
     cfg = DistillConfig(layers=layers, vocab_subset=vocab_subset, steps=steps, batch=batch,
                         seq_len=seq_len, lr=lr, top_k=top_k, train_sequences=train_sequences,
                         eval_sequences=eval_sequences, seed=seed, corpora=corpora, kind=kind, unroll=unroll,
+                        feature_layers=feature_layers,
                         data=data, max_prompt_tokens=max_prompt_tokens, answer_tokens=answer_tokens,
                         sample_fraction=sample_fraction, sample_temperature=sample_temperature,
                         followup_fraction=followup_fraction, instruct_fraction=instruct_fraction,

@@ -50,6 +50,9 @@ class DraftSource(ABC):
     #: whether the loop must hand over the target's final hidden states of the prompt (``prefill``)
     #: and of every round's root and accepted nodes (``commit``)
     wants_features: ClassVar[bool] = False
+    #: with :attr:`wants_features`: the target's decoder layers whose outputs make the features,
+    #: concatenated (EAGLE-3's fused layers); empty = the target's final hidden states
+    feature_layers: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------------- registration
     @classmethod

@@ -53,8 +53,10 @@ class LazyLogits:
     BATCH_ROWS = LAZY_HEAD_BATCH_ROWS
 
     def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
-                 eager: bool = False) -> None:
+                 eager: bool = False, features: torch.Tensor | None = None) -> None:
         self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
+        # what a feature draft reads of each node: the final hidden states, or fused layer outputs
+        self.features = hidden if features is None else features
         self._rows: dict[int, torch.Tensor] = {}
         # eager: every row's head in one call now (a GPU reads the head's weights once for all rows)
         self._all: torch.Tensor | None = head(hidden)[:, :vocab_size].float() if eager else None
@@ -171,7 +173,8 @@ def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
 
 
 def tree_forward(
-    kv: KVModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False, keep_hidden: bool = False
+    kv: KVModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False, keep_hidden: bool = False,
+    feature_layers: Sequence[int] = (),
 ) -> tuple[torch.Tensor | LazyLogits, torch.Tensor]:
     """ONE target forward over every tree node; returns (logits ``[n, V]``, cache rows ``[n]``).
 
@@ -181,7 +184,8 @@ def tree_forward(
     ``rows[i]`` is the cache row that node i's keys/values were written to. ``lazy_head`` returns
     :class:`LazyLogits` (LM head applied per node on demand) instead of a full tensor;
     ``keep_hidden`` returns :class:`LazyLogits` too, with every row's logits computed at once
-    unless ``lazy_head``, so that ``.hidden`` holds the nodes' features for a feature draft.
+    unless ``lazy_head``, so that ``.features`` holds the nodes' features for a feature draft
+    (their final hidden states, or the outputs of ``feature_layers`` concatenated).
     """
     prefix = kv.length
     visible = ancestor_matrix(tree.parent, tree.depth)
@@ -193,8 +197,12 @@ def tree_forward(
         rank = torch.empty_like(perm)
         rank[perm] = torch.arange(tree.size)
     args = (tree.tokens, positions, visible) if perm is None else (tree.tokens[perm], positions[perm], visible[perm][:, perm])
-    if lazy_head or keep_hidden:
+    if keep_hidden:
+        hidden, feats = kv.forward_features(*args, prefix, layers=feature_layers)
+        r = rank.to(hidden.device)
+        return LazyLogits(hidden[r], kv.apply_head, kv.vocab_size, eager=not lazy_head, features=feats[r]), rank + prefix
+    if lazy_head:
         hidden = kv.forward_hidden(*args, prefix)
-        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size, eager=not lazy_head), rank + prefix
+        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size, eager=False), rank + prefix
     logits = kv.forward(*args, prefix)
     return logits[rank.to(logits.device)], rank + prefix

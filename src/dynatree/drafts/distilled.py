@@ -91,6 +91,9 @@ class DraftConfig:
     #: "independent" (:class:`DistilledDraft`, tokens only) or "feature" (reads the target's
     #: hidden states, :class:`~dynatree.drafts.feature_head.FeatureDraft`). Older files have no field.
     kind: str = "independent"
+    #: Feature drafts: the target's decoder layers whose outputs the head reads, fused (EAGLE-3);
+    #: empty = the target's final hidden state. Older files have no field.
+    feature_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -111,10 +114,13 @@ class DraftConfig:
             raise ValueError("fingerprint shape must equal (vocab_size, hidden_size)")
         if self.kind not in DRAFT_KINDS:
             raise ValueError(f"kind must be one of {', '.join(DRAFT_KINDS)}, got {self.kind!r}")
+        if self.feature_layers and (self.kind != "feature" or min(self.feature_layers) < 1):
+            raise ValueError("feature_layers (layer numbers >= 1) belong to feature drafts only")
 
     @classmethod
     def from_target(cls, target: nn.Module, *, name: str, layers: int,
-                    vocab_subset: Sequence[int], kind: str = "independent") -> DraftConfig:
+                    vocab_subset: Sequence[int], kind: str = "independent",
+                    feature_layers: Sequence[int] = ()) -> DraftConfig:
         """Copy the target's layer geometry so target layers can initialise the draft's."""
         c = target.config
         heads = int(c.num_attention_heads)
@@ -137,6 +143,7 @@ class DraftConfig:
             vocab_subset=tuple(sorted(int(t) for t in vocab_subset)),
             fingerprint=TargetFingerprint.of(target.get_input_embeddings().weight),
             kind=kind,
+            feature_layers=tuple(int(i) for i in feature_layers),
         )
 
     def llama_config(self, vocab_size: int | None = None) -> LlamaConfig:
@@ -166,6 +173,7 @@ class DraftConfig:
         raw = json.loads(text)
         fp = raw.pop("fingerprint")
         return cls(**{**raw, "vocab_subset": tuple(raw["vocab_subset"]),
+                      "feature_layers": tuple(raw.get("feature_layers", ())),
                       "fingerprint": TargetFingerprint(tuple(fp["shape"]), tuple(fp["probe"]))})
 
 

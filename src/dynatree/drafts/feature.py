@@ -58,18 +58,29 @@ class FeatureDrafter(Drafter):
         if not context.target_kv.supports_lazy_head():
             raise DynaTreeError(f"a feature-conditioned draft reads the target's final hidden states, but "
                                 f"{type(context.target).__name__}'s logits are not head(hidden states) exactly")
+        layers = tuple(draft.feature_layers)
+        if layers:
+            n = int(context.target.config.num_hidden_layers)
+            if max(layers) >= n:
+                raise DynaTreeError(f"this feature draft reads layers {list(layers)} of its target, which has {n}")
+            if context.target_kv.engine != "hf":
+                raise DynaTreeError(f"a feature draft that reads fused layers ({list(layers)}) needs the target on "
+                                    f"the hf engine (the {context.target_kv.engine!r} engine returns only the "
+                                    "final hidden states); use engine='hf'")
         check_vocab(context.target, draft, context.allow_vocab_mismatch)
-        return cls(open_kv(draft, context, cls.draft_engine(context.options)))
+        return cls(open_kv(draft, context, cls.draft_engine(context.options)), layers)
 
-    def __init__(self, kv: KVModel) -> None:
+    def __init__(self, kv: KVModel, feature_layers: tuple[int, ...] = ()) -> None:
         super().__init__(kv)
+        self.feature_layers = feature_layers
         self.pending_features: torch.Tensor | None = None  # [len(pending), H]: each pending token's parent's
         self._pred: dict[int, torch.Tensor] = {}  # tree node -> predicted feature (root: 0)
 
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
-        """``features``: the target's final hidden states of ``prompt[:-1]`` (its prefill)."""
+        """``features``: the target's features of ``prompt[:-1]`` (its prefill)."""
         prompt = list(prompt)
         assert features is not None and len(features) == len(prompt) - 1, "the target's prompt features are needed"
+        features = self._read(features)
         # token j reads token j-1's feature; the first token has no parent (zeros, as in training)
         parents = torch.cat([features.new_zeros(1, features.shape[-1]), features])
         if len(prompt) > 1:
@@ -106,6 +117,7 @@ class FeatureDrafter(Drafter):
         """``features``: the target's features of the root and the accepted nodes (path order),
         i.e. of the parents of the accepted nodes and of the bonus token."""
         assert features is not None and len(features) == len(accepted) + 1
+        features = self._read(features)
         tokens = committed_tokens(tree, list(accepted), bonus)
         if self._builder is None:  # the draft sat this round out: its tokens wait with their features
             self.pending += tokens
@@ -115,6 +127,10 @@ class FeatureDrafter(Drafter):
         self.pending = tokens
         self.pending_features = features
         self._builder, self._pred = None, {}
+
+    def _read(self, target_features: torch.Tensor) -> torch.Tensor:
+        """The target's features as the head reads them (fused to its width when it reads layers)."""
+        return self.kv.model.parent_features(target_features)
 
     def _call(self, tokens: Sequence[int], positions: torch.Tensor, visible: torch.Tensor, since: int,
               features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

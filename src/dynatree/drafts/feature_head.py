@@ -15,6 +15,13 @@ tree node's final hidden state anyway, so the accepted nodes' features cost noth
 a node's parent was never run through the target, so deeper levels read the head's *own*
 predicted feature of the parent (what :class:`~dynatree.drafts.model.FeatureDrafter` keeps per node).
 
+**Fused layers (EAGLE-3).** The final hidden state is tuned to predict the next token only; the
+outputs of a low, a middle and a high decoder layer also keep what the target knows about the token
+and its context. With ``DraftConfig.feature_layers`` the head reads those outputs concatenated
+(``[q, len(layers) * hidden]``) and first reduces them to the hidden width with ``fuse`` (no bias, so
+the zero feature of a sequence's first token stays zero); inside a tree its deeper levels read its
+own predicted features, which live in that reduced space, as in training's unrolled levels.
+
 Its weights are a :class:`~dynatree.drafts.distilled.DistilledDraft` (shared frozen embedding, decoder
 layers of the target's width, subset head) plus the ``fc`` layer; ``DraftConfig.kind`` is
 ``"feature"``. It is trained by :mod:`dynatree.training.features`.
@@ -29,6 +36,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dynatree.drafts.distilled import DistilledDraft, DraftConfig, _decoder
+from dynatree.errors import DynaTreeError
 
 
 class FeatureDraft(DistilledDraft):
@@ -46,10 +54,26 @@ class FeatureDraft(DistilledDraft):
         super().__init__(config, embedding)
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=True, device=self.device)
+        taps = len(config.feature_layers)
+        self.fuse = nn.Linear(taps * h, h, bias=False, device=self.device) if taps else None
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target's decoder layers this head reads (empty: its final hidden state)."""
+        return self.draft_config.feature_layers
+
+    def parent_features(self, target_features: torch.Tensor) -> torch.Tensor:
+        """The target's features ``[..., len(layers) * hidden]`` (or ``[..., hidden]``) as this head
+        reads them: fused to ``[..., hidden]``. Its own predicted features need no such step."""
+        if self.fuse is None:
+            return target_features
+        return self.fuse(target_features.to(device=self.device, dtype=self.dtype))
 
     def hidden_states(self, input_ids: torch.Tensor, features: torch.Tensor | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        """Predicted (final-norm) features ``[b, n, hidden]`` and the cache."""
+        """Predicted (final-norm) features ``[b, n, hidden]`` and the cache. ``features``: each
+        token's parent's feature ``[b, n, hidden]``, i.e. :meth:`parent_features` of the target's,
+        or this head's own prediction."""
         embeds = self.embedding(input_ids.to(self.embedding.weight.device))
         embeds = embeds.detach().to(device=self.device, dtype=self.dtype)
         if features is None:
@@ -86,6 +110,26 @@ class FeatureDraft(DistilledDraft):
             self.fc.weight[:, h:].copy_(torch.eye(h))
             self.fc.weight[:, :h].normal_(std=0.02)
             self.fc.bias.zero_()
+            if self.fuse is not None:  # start from the highest fused layer, passed through
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -h:].copy_(torch.eye(h))
+
+
+def resolve_feature_layers(spec: str, num_layers: int) -> tuple[int, ...]:
+    """The decoder layers (1 .. ``num_layers`` - 1) a ``DistillConfig.feature_layers`` spec names:
+    "" = none (the final hidden state), "auto" = EAGLE-3's low, middle and high layers
+    (2, N/2, N-3, clipped and deduplicated for small targets), else the listed numbers."""
+    if not spec:
+        return ()
+    if spec == "auto":
+        wanted = [2, num_layers // 2, num_layers - 3]
+        return tuple(sorted({min(max(1, i), num_layers - 1) for i in wanted}))
+    layers = tuple(int(p) for p in spec.split(","))
+    bad = [i for i in layers if not 1 <= i < num_layers]
+    if bad:
+        raise DynaTreeError(f"feature layers {bad} do not exist: a target of {num_layers} layers has "
+                            f"layers 1 .. {num_layers - 1} to read (the last one's output is the final hidden state)")
+    return layers
 
 
 def uses_target_features(draft: nn.Module | None) -> bool:

@@ -243,6 +243,7 @@ class HybridDraft(DraftSource):
         self.config, self.model, self.max_rows = config, model, max_rows
         self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
         self.wants_features = model.wants_features  # type: ignore[misc]
+        self.feature_layers = model.feature_layers
         self.text = config.index()
         self.acceptance = StepAcceptance()
         self._proposal: Proposal | None = None  # this round's whole text proposal, for the calibration

@@ -234,9 +234,11 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
     start = clock()
 
     # 0. Prefill: cache every prompt token but the last, which becomes the first round's root.
-    #    A source that wants features also gets the target's final hidden states of those tokens.
+    #    A source that wants features also gets the target's features of those tokens (its final
+    #    hidden states, or the outputs of the layers the source names).
     features = source is not None and source.wants_features
-    hidden = target.prefill(prompt[:-1], hidden=features)
+    layers = source.feature_layers if features else ()
+    hidden = target.prefill(prompt[:-1], hidden=features, layers=layers)
     if source is not None:
         source.prefill(prompt, hidden)
     stats.t_prefill = clock() - start
@@ -255,7 +257,8 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
         prefix = target.length
-        logits, rows = tree_forward(target, tree, run.tree_order, run.lazy_head, keep_hidden=features)
+        logits, rows = tree_forward(target, tree, run.tree_order, run.lazy_head, keep_hidden=features,
+                                   feature_layers=layers)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
         #    plus one more token from the target (its argmax, or a draw from the residual R, which
@@ -270,7 +273,7 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
         target.compact(prefix, rows[[0, *path]])
         if source is not None:  # (a feature source gets the target's features of the root and path)
-            source.commit(tree, path, bonus, logits.hidden[[0, *path]] if features else None)
+            source.commit(tree, path, bonus, logits.features[[0, *path]] if features else None)
         new = committed_tokens(tree, path, bonus)
         new = _truncate(new, max_new_tokens - len(out), stop)
         hit = stop_text is not None and stop_text.cut(out, new)

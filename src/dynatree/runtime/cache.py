@@ -121,15 +121,16 @@ class CachedModel:
     def length(self) -> int:
         return cache_length(self.cache)
 
-    def prefill(self, tokens: Sequence[int], hidden: bool = False) -> torch.Tensor | None:
+    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = ()) -> torch.Tensor | None:
         """Cache ``tokens`` with plain causal attention (no logits are needed). With ``hidden``,
-        return their final hidden states ``[q, H]`` (the features a feature-conditioned draft reads)."""
+        return their features (:meth:`forward_features`: what a feature-conditioned draft reads)."""
         q = len(tokens)
         if not q:
-            return torch.zeros(0, self.model.config.hidden_size, dtype=self.dtype, device=self.device) if hidden else None
+            width = self.model.config.hidden_size * max(1, len(layers))
+            return torch.zeros(0, width, dtype=self.dtype, device=self.device) if hidden else None
         args = (tokens, torch.arange(self.length, self.length + q), torch.ones(q, q, dtype=torch.bool).tril(), self.length)
         if hidden:
-            return self.forward_hidden(*args)
+            return self.forward_features(*args, layers=layers)[1]
         self.forward(*args, last_only=True)
         return None
 
@@ -205,6 +206,21 @@ class CachedModel:
         """Like :meth:`forward` but stops before the LM head: final hidden states ``[q, H]``."""
         return self.call(tokens, positions, visible, since, base=True).last_hidden_state[0]
 
+    def forward_features(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                         since: int, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final hidden states ``[q, H]``, features): the features are the final hidden states, or
+        with ``layers`` the outputs of those decoder layers concatenated ``[q, len(layers) * H]``
+        (EAGLE-3's fused features). Layer outputs are read on the eager engine only: the static
+        engine's compiled steps return the final hidden states alone."""
+        if not layers:
+            hidden = self.forward_hidden(tokens, positions, visible, since)
+            return hidden, hidden
+        if self.engine != "hf":
+            raise DynaTreeError(f"fused target features (layers {list(layers)}) need the hf engine, not {self.engine!r}")
+        out = self.call(tokens, positions, visible, since, base=True, output_hidden_states=True)
+        # hidden_states[i] is decoder layer i's output (0: the embeddings; the last: after the final norm)
+        return out.last_hidden_state[0], torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
+
 
 class StaticCachedModel(CachedModel):
     """Pre-allocated KV cache, query counts padded to fixed buckets, optionally ``torch.compile``d.
@@ -266,7 +282,7 @@ class StaticCachedModel(CachedModel):
 
     PREFILL_CHUNK = PREFILL_CHUNK  # (dynatree.tuning)
 
-    def prefill(self, tokens: Sequence[int], hidden: bool = False) -> torch.Tensor | None:
+    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = ()) -> torch.Tensor | None:
         """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens. Chunks larger than the
         largest bucket run the *uncompiled* step unpadded (one trace per prompt length would be
         worse): with small buckets (e.g. 1, 2, 4 on a CPU) a prompt would otherwise take dozens of
@@ -276,12 +292,12 @@ class StaticCachedModel(CachedModel):
         self._prefilling = True  # chunks above the largest bucket may run eager and unpadded
         try:
             for i in range(0, len(tokens), step):
-                parts.append(super().prefill(list(tokens[i : i + step]), hidden))
+                parts.append(super().prefill(list(tokens[i : i + step]), hidden, layers))
         finally:
             self._prefilling = False
         if not hidden:
             return None
-        return torch.cat(parts) if parts else super().prefill([], hidden)
+        return torch.cat(parts) if parts else super().prefill([], hidden, layers)
 
     def precompile(self) -> None:
         """Run one causal call per bucket (compiling its graph if compiled), then empty the cache."""

@@ -177,7 +177,7 @@ class StreamingKV:
     def call(self, *args: Any, **kwargs: Any) -> Any:
         raise DynaTreeError("KV eviction supports forward/forward_hidden only (feature drafts are refused with kv_window)")
 
-    def prefill(self, tokens: Sequence[int], hidden: bool = False) -> None:
+    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = ()) -> None:
         """Causal prefill in chunks, evicting between them (a prompt may be longer than the window).
         ``hidden`` (features for a feature draft) is refused: the engine refuses that pairing first."""
         if hidden:
@@ -200,6 +200,9 @@ class StreamingKV:
 
     def forward_hidden(self, tokens, positions, visible, since) -> torch.Tensor:
         return self._call(self.kv.forward_hidden, tokens, positions, visible, since)
+
+    def forward_features(self, *args: Any, **kwargs: Any) -> Any:
+        raise DynaTreeError("KV eviction does not return features (feature drafts are refused with kv_window)")
 
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         keep_p = torch.as_tensor(keep, dtype=torch.long) - self.evicted

@@ -54,7 +54,14 @@ class DistillConfig:
     #: feature drafts: tree levels trained per step (level d reads the head's own predictions of
     #: levels < d, as deeper tree levels do at run time), and the weight of the feature regression.
     unroll: int = 3
-    feature_weight: float = 1.0
+    #: The weight of the feature regression (the head's output against the target's final hidden
+    #: state); None = 1.0 when the head reads the final hidden state, 0 when it reads fused layers
+    #: (EAGLE-3 drops the regression there: the head's own output no longer has a target to match).
+    feature_weight: float | None = None
+    #: Feature drafts: what the head reads of the target. "" = its final hidden state (EAGLE);
+    #: "auto" = a low, a middle and a high layer fused (EAGLE-3: the outputs of decoder layers 2,
+    #: N/2 and N-3 of N); or comma-separated layer numbers (1 .. N-1; layer i's output).
+    feature_layers: str = ""
     #: What the draft learns from (:mod:`dynatree.training.instruct`): "continuation" (the target's
     #: continuations of prose windows, half of them chat-wrapped), "instruct" (the target's answers
     #: to requests through its chat template) or "mix" (``instruct_fraction`` of the sequences
@@ -112,17 +119,30 @@ class DistillConfig:
         if unknown:
             raise DynaTreeError(f"corpora must be a comma-separated subset of {','.join(CORPUS_NAMES)}, "
                                 f"got {self.corpora!r}")
-        if self.kind == "feature" and self.data != "continuation":
-            raise DynaTreeError("feature drafts train on continuation data only (the features of "
-                                "padded instruct sequences are not wired yet); use --data continuation")
         if self.kind not in ("independent", "feature"):
             raise DynaTreeError(f"kind must be 'independent' or 'feature', got {self.kind!r}")
-        if self.unroll < 1 or self.feature_weight < 0:
+        if self.unroll < 1 or (self.feature_weight is not None and self.feature_weight < 0):
             raise DynaTreeError("unroll must be >= 1 and feature_weight >= 0")
+        if self.feature_layers:
+            if self.kind != "feature":
+                raise DynaTreeError("feature_layers is for feature drafts (--kind feature)")
+            if self.feature_layers != "auto" and not all(
+                    p.strip().isdigit() and int(p) >= 1 for p in self.feature_layers.split(",")):
+                raise DynaTreeError(f"feature_layers must be 'auto' or comma-separated layer numbers >= 1, "
+                                    f"got {self.feature_layers!r}")
+            if self.feature_weight:
+                raise DynaTreeError("the feature regression needs the target's final hidden state, which a head "
+                                    "reading fused layers does not predict: leave feature_weight at 0")
         if self.init and self.kind != "independent":
             raise DynaTreeError("init (a draft folder to start from) works for independent drafts only")
         if self.holdout_every < 2:
             raise DynaTreeError("holdout_every must be >= 2 (1 would hold out every document)")
+
+    def regression_weight(self) -> float:
+        """The feature regression's weight (``feature_weight``, or its default for ``feature_layers``)."""
+        if self.feature_weight is not None:
+            return self.feature_weight
+        return 0.0 if self.feature_layers else 1.0
 
     def data_key(self) -> dict[str, Any]:
         """The fields that decide the labelled data: ``data.pt`` is reused when they are equal."""

@@ -116,12 +116,13 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def _batches(data: LabelledData, idx: torch.Tensor, probs: torch.Tensor, cfg: DistillConfig,
-             gen: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Random windows of ``seq_len`` from random sequences; the generator state is checkpointed.
+def windows(data: LabelledData, cfg: DistillConfig, gen: torch.Generator
+            ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Random windows of ``seq_len`` from random sequences, as (rows ``[b, 1]``, columns ``[b, w]``,
+    real-column mask or None); the generator state is checkpointed.
 
     Left-padded rows (instruct data) start their window at their first real column when they
-    can; a window that still holds padding comes with its real-column mask (a fifth tensor)."""
+    can; a window that still holds padding comes with its real-column mask (else None)."""
     length = data.tokens.shape[1]
     win = min(cfg.seq_len, length)
     real_cols = data.real_mask()
@@ -134,9 +135,16 @@ def _batches(data: LabelledData, idx: torch.Tensor, probs: torch.Tensor, cfg: Di
             start = low + (torch.rand(cfg.batch, generator=gen) * (length - win + 1 - low)).long()
         cols = start[:, None] + torch.arange(win)
         r = rows[:, None]
-        batch = (data.tokens[r, cols], idx[r, cols], probs[r, cols], data.valid[r, cols])
         real = real_cols[r, cols] if real_cols is not None else None
-        yield batch if real is None or bool(real.all()) else (*batch, real)
+        yield r, cols, (None if real is None or bool(real.all()) else real)
+
+
+def _batches(data: LabelledData, idx: torch.Tensor, probs: torch.Tensor, cfg: DistillConfig,
+             gen: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
+    """:func:`windows` as (tokens, target ids, target probabilities, valid[, real-column mask])."""
+    for r, cols, real in windows(data, cfg, gen):
+        batch = (data.tokens[r, cols], idx[r, cols], probs[r, cols], data.valid[r, cols])
+        yield batch if real is None else (*batch, real)
 
 
 @dataclass
@@ -207,12 +215,13 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
 
 
 def draft_config_for(target: nn.Module, tokenizer: Tokenizer, train: LabelledData, cfg: DistillConfig,
-                  target_name: str, kind: str = "independent") -> tuple[list[int], DraftConfig]:
+                  target_name: str, kind: str = "independent", feature_layers: Sequence[int] = ()
+                  ) -> tuple[list[int], DraftConfig]:
     """Step 3: the vocabulary subset (+ EOS) and the draft's architecture."""
     always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     subset = choose_vocab_subset(train, cfg.vocab_subset, always)
     return subset, DraftConfig.from_target(target, name=target_name, layers=cfg.layers, vocab_subset=subset,
-                                           kind=kind)
+                                           kind=kind, feature_layers=feature_layers)
 
 
 def warm_start(draft: DistilledDraft, source: DistilledDraft) -> int:

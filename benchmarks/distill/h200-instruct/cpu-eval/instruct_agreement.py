@@ -10,7 +10,8 @@ pydoc,licences; 448 prompt tokens at most; 160 answer tokens at most; 25% of the
 0.8; 10% follow-ups), only ``--sequences`` of them instead of 256 (``choose`` fills each kind's
 quota from the front of that kind's shuffled pool, so the requests are a subset of the 256 drawn with
 the same settings on this machine) and ``--gen-batch`` rows per labelling batch. Every draft is
-scored teacher-forced by ``dynatree.training.distill.evaluate`` (overall and by kind).
+scored teacher-forced by ``dynatree.training.features.evaluate_draft`` (``distill.evaluate``;
+``evaluate_features`` on the target's features for a feature head) (overall and by kind).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dynatree.loading.models import load_model
 from dynatree.training import instruct as I
 from dynatree.training.config import DistillConfig
 from dynatree.training.data import LabelledData, atomic_save
-from dynatree.training.distill import evaluate
+from dynatree.training.features import evaluate_draft
 
 
 def main() -> None:
@@ -76,7 +77,7 @@ def main() -> None:
     for spec in args.draft or ["shipped"]:
         name, _, folder = spec.partition("=")
         draft = load_distilled_draft(target, folder or None)
-        result["agreement"][name] = asdict(evaluate(draft, evals))
+        result["agreement"][name] = asdict(evaluate_draft(draft, evals, target))
         print(name, json.dumps(result["agreement"][name]), flush=True)
     result["wall_seconds"] = round(time.time() - t0, 1)
     args.out.write_text(json.dumps(result, indent=1))

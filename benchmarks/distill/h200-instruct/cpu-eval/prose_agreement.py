@@ -9,7 +9,8 @@
 The method of ``benchmarks/distill/evaluate.py`` / ``score_partial.py`` (the shipped draft's 40.6%):
 the held-out prompts of ``DistillConfig(corpora="pydoc,licences,wiki,books")`` (128 windows of 96
 tokens from held-out documents, half chat-wrapped), greedily continued by the target for 64 tokens
-(``label_prompts``), every draft scored teacher-forced by ``dynatree.training.distill.evaluate``.
+(``label_prompts``), every draft scored teacher-forced by ``dynatree.training.features.evaluate_draft`` (``distill.evaluate``;
+``evaluate_features`` on the target's features for a feature head).
 
 ``--split s5`` rebuilds the held-out prompts exactly as session 5 drew them (documents split by name
 only; the shuffle that picks the held-out windows depends on the size of the training pools, which
@@ -34,7 +35,7 @@ from dynatree.loading.models import load_model
 from dynatree.text.corpora import is_held_out
 from dynatree.training import data as D
 from dynatree.training.config import DistillConfig
-from dynatree.training.distill import evaluate
+from dynatree.training.features import evaluate_draft
 from dynatree.training.split import HeldOutText
 
 CORPORA = "pydoc,licences,wiki,books"
@@ -139,10 +140,10 @@ def main() -> None:
                  "documents": sorted(set(names)), "sequences_by_group": {k: int(v.sum()) for k, v in groups.items()},
                  "agreement": {}}
         for name, draft in drafts.items():
-            ag = {"all": asdict(evaluate(draft, evals))}
+            ag = {"all": asdict(evaluate_draft(draft, evals, target))}
             for g, keep in groups.items():
                 if keep.any():
-                    ag[g] = asdict(evaluate(draft, rows(evals, keep)))
+                    ag[g] = asdict(evaluate_draft(draft, rows(evals, keep), target))
             entry["agreement"][name] = ag
             print(split, name, json.dumps(ag["all"]), flush=True)
         result["splits"][split] = entry
