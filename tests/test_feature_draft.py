@@ -269,16 +269,17 @@ def test_sampled_tokens_follow_the_target(strategy: str) -> None:
     assert deep >= 0.1, f"only {deep:.0%} of runs produced the 3rd token in the first round"
 
 
+@pytest.mark.parametrize("layers", [(), FUSED])
 @pytest.mark.parametrize("confident", [2.0, 1e9])
-def test_hybrid_with_the_text_queues_features_of_skipped_rounds(confident: float) -> None:
+def test_hybrid_with_the_text_queues_features_of_skipped_rounds(confident: float, layers: tuple[int, ...]) -> None:
     """With the text deciding some rounds, the head runs the skipped tokens later with the target's
-    features of those rounds; output stays the target's own."""
+    features of those rounds (fused layers included); output stays the target's own."""
     from dynatree.drafts.suffix import TextDraft
 
-    target = tiny_model("llama", 0)
+    target = tiny_model("llama", 0, layers=3)
     prompt = torch.cat([PROMPT, PROMPT, PROMPT[:, :3]], dim=1)
     ref = generate(target, None, prompt, "autoregressive", max_new_tokens=40, stopping=NO_EOS).sequences
-    out = generate(target, TextDraft(model=feature_draft(target), confident=confident), prompt, "dynatree",
-                   max_new_tokens=40, stopping=NO_EOS)
+    draft = TextDraft(model=feature_draft(target, layers=layers), confident=confident, model_min_gain=0)
+    out = generate(target, draft, prompt, "dynatree", max_new_tokens=40, stopping=NO_EOS)
     assert torch.equal(out.sequences, ref)
     assert sum(r.draft_calls for r in out.stats.rounds) > 0
