@@ -78,3 +78,37 @@ def test_no_gpu_is_one_line_exit_2(kit, capsys: pytest.CaptureFixture[str], monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert kit.main(["--out", "unused"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_feature_kind_smoke_run_writes_a_fused_head_that_loads(kit, tmp_path: Path) -> None:
+    """``--kind feature --feature-layers auto``: the same steps for the feature head (its step timed
+    with the target's features), the weights in shards under the limit, and a head that loads."""
+    from dynatree.drafts.checkpoint import load_distilled_draft
+    from dynatree.drafts.feature_head import FeatureDraft
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "distill" / "gpu_instruct.sh"), "--smoke", "--out", str(out),
+                           "--work", str(work), "--kind", "feature", "--feature-layers", "auto", "--steps", "4"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["kind"] == "feature" and metrics["config"]["feature_layers"] == "auto"
+    assert metrics["eval"]["positions"] > 0 and all(b < 0.015e6 for b in metrics["file_bytes"].values())
+    kit.join_weights(out / "draft")
+    target, _, _ = kit.load_target(kit.parse(["--smoke", "--out", str(out)]))
+    draft = load_distilled_draft(target, out / "draft")
+    assert isinstance(draft, FeatureDraft) and draft.feature_layers == (1, 2)
+
+
+def test_feature_cap_bounds_the_training_side(kit) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dynatree.training.config import DistillConfig
+
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=30,
+                                          num_attention_heads=4, num_key_value_heads=2))
+    cfg = DistillConfig(data="instruct", kind="feature", feature_layers="auto", batch=4)
+    per_seq = cfg.sequence_length() * 32 * 3 * 2  # three fused layers, fp16
+    assert kit.feature_cap(target, cfg, 1.0) == int(1e9 // per_seq)
+    assert kit.feature_cap(target, cfg, 0.0) == 4  # never below one batch

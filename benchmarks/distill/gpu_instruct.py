@@ -1,4 +1,4 @@
-"""Instruct data and an independent distilled draft on a GPU, within a time budget (9 minutes).
+"""Instruct data and a distilled draft (independent, or ``--kind feature``) on a GPU, within a time budget (9 minutes).
 
     python benchmarks/distill/gpu_instruct.py --gguf FILE --out DIR [--budget-s 540] [--device cuda]
     python benchmarks/distill/gpu_instruct.py --smoke --out DIR     # the same on CPU, tiny random target
@@ -12,8 +12,11 @@ Run through ``gpu_instruct.sh`` (it finds the GGUF like the GPU kit does). Steps
 2. label the held-out side, which also measures labelled positions per second on this device;
 3. time a few training steps, then size the training side so labelling + training fit the budget
    (``--train-sequences`` is the most it labels);
-4. label the training side and train the independent draft (``dynatree.training.distill``); a
-   training run that would pass the deadline stops at its last checkpoint, which becomes final;
+4. label the training side and train the draft (``dynatree.training.distill``; ``--kind feature``:
+   the feature head of ``dynatree.training.features``, with ``--feature-layers auto`` EAGLE-3's
+   fused layers, after one teacher-forced pass for the target's features, kept in CPU memory and
+   on disk, so ``--features-gb`` caps the training sequences); a training run that would pass the
+   deadline stops at its last checkpoint, which becomes final;
 5. write ``DIR/draft/`` (config.json, metrics.json and the fp16 weights, in shards of less than
    ``--max-file-mb`` when the file would be larger: 2 layers + a 4096-token head are 18.9 MB),
    ``DIR/metrics.json`` and ``DIR/train_log.jsonl``.
@@ -48,7 +51,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from dynatree.drafts import distilled as R  # noqa: E402
+from dynatree.drafts.feature_head import FeatureDraft, resolve_feature_layers  # noqa: E402
 from dynatree.training import distill as D  # noqa: E402
+from dynatree.training import features as F  # noqa: E402
 from dynatree.training import instruct as I  # noqa: E402
 from dynatree.training.config import DistillConfig  # noqa: E402
 from dynatree.training.data import LabelledData  # noqa: E402
@@ -79,6 +84,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--kind", choices=("independent", "feature"), default="independent")
+    ap.add_argument("--feature-layers", default="", help="--kind feature: '' (final hidden state), 'auto' "
+                    "(EAGLE-3's fused low/middle/high layers) or layer numbers")
+    ap.add_argument("--features-gb", type=float, default=16.0, help="--kind feature: the target's features of the "
+                    "training side are held in memory and saved once; at most this many GB of them")
     ap.add_argument("--vocab-subset", type=int, default=4096)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--train-share", type=float, default=0.35, help="share of the time left for training")
@@ -186,6 +196,8 @@ def device_name(device: str) -> str:
 
 def time_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: DistillConfig, n: int = 4) -> float:
     """Seconds per training step of the draft this run trains, measured on the held-out labels."""
+    if cfg.kind == "feature":
+        return time_feature_steps(target, tok, data, cfg, n)
     subset, dcfg = D.draft_config_for(target, tok, data, cfg, "probe")
     draft = R.DistilledDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
@@ -199,6 +211,43 @@ def time_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: Disti
         D._train_step(draft, opt, next(batches))
     sync(cfg)
     return (time.perf_counter() - t0) / n
+
+
+def time_feature_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: DistillConfig, n: int) -> float:
+    """:func:`time_steps` for a feature head: its training step (unrolled levels) on the held-out
+    labels and the target's features of them."""
+    layers = resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
+    feats = F.target_features(target, data.tokens, start=data.start, layers=layers, progress=False)
+    subset, dcfg = D.draft_config_for(target, tok, data, cfg, "probe", kind="feature", feature_layers=layers)
+    draft = FeatureDraft(dcfg, target.get_input_embeddings()).float()
+    draft.init_from_target(target)
+    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr)
+    idx, probs = D.subset_targets(data, draft.vocab_subset.cpu(), dcfg.vocab_size)
+    picks = D.windows(data, cfg, torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        r, c, real = next(picks)
+        batch = tuple(t.to(draft.device) for t in (data.tokens[r, c], feats[r, c], idx[r, c], probs[r, c],
+                                                   data.valid[r, c]))
+        loss, _ = F._level_losses(draft, (*batch, real), cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step()  # warm-up (allocations, kernels)
+    sync(cfg)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    sync(cfg)
+    return (time.perf_counter() - t0) / n
+
+
+def feature_cap(target: torch.nn.Module, cfg: DistillConfig, gb: float) -> int:
+    """The most training sequences whose fp16 features fit in ``gb`` GB."""
+    layers = resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
+    per_seq = cfg.sequence_length() * int(target.config.hidden_size) * max(1, len(layers)) * 2
+    return max(cfg.batch, int(gb * 1e9 // per_seq))
 
 
 def sync(_: Any) -> None:
@@ -238,7 +287,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         lr=args.lr, train_sequences=args.train_sequences, eval_sequences=args.eval_sequences,
                         gen_batch=args.gen_batch, max_prompt_tokens=args.max_prompt_tokens,
                         answer_tokens=args.answer_tokens, eval_every=args.eval_every,
-                        checkpoint_every=max(1, min(100, args.steps // 10)), warmup=min(50, args.steps // 10))
+                        checkpoint_every=max(1, min(100, args.steps // 10)), warmup=min(50, args.steps // 10),
+                        kind=args.kind, feature_layers=args.feature_layers)
+    if cfg.kind == "feature":
+        cfg = dataclasses.replace(cfg, train_sequences=min(cfg.train_sequences,
+                                                          feature_cap(target, cfg, args.features_gb)))
     I.build_examples(tuple(cfg.corpus_names()), cfg.holdout_every, cfg.seed)
     t = mark("build_requests", t)
     evals = I.label_instruct_side(target, tok, cfg, cfg.eval_sequences, True, args.work, progress=False)
@@ -258,23 +311,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"== plan: {n_train} training sequences (~{per_seq * n_train:.0f} s), {steps} steps "
           f"(~{steps * step_s:.0f} s at {step_s * 1000:.0f} ms)", flush=True)
 
-    real_step = D._train_step
+    module, name = (F, "_level_losses") if cfg.kind == "feature" else (D, "_train_step")
+    real_step = getattr(module, name)
 
-    def guarded_step(*a: Any) -> tuple[float, float]:
+    def guarded_step(*a: Any) -> Any:
         if time.monotonic() > deadline - 20.0:
             raise OutOfTime
         return real_step(*a)
 
-    D._train_step = guarded_step
+    setattr(module, name, guarded_step)
+    train = F.distill_features if cfg.kind == "feature" else D.distill
     t_train = time.monotonic()
     stopped_early = False
     try:
-        final = D.distill(target, tok, out_dir=args.work, config=cfg, target_name=target_name, progress=False)
+        final = train(target, tok, out_dir=args.work, config=cfg, target_name=target_name, progress=False)
     except OutOfTime:
         stopped_early = True
         final = finish_from_checkpoint(target, tok, cfg, args.work, target_name)
     finally:
-        D._train_step = real_step
+        setattr(module, name, real_step)
     mark("label_train_and_train", t_train)
     files = write_weights(final, args.out / "draft", args.max_file_mb)
     shutil.copyfile(args.work / D.LOG_FILE, args.out / "train_log.jsonl")
@@ -304,13 +359,20 @@ def finish_from_checkpoint(target: torch.nn.Module, tok: Any, cfg: DistillConfig
     from dynatree.training.labels import labelled_sets
 
     train, evals = labelled_sets(target, tok, work, cfg, progress=False)
-    subset, dcfg = D.draft_config_for(target, tok, train, cfg, name)
-    draft = R.DistilledDraft(dcfg, target.get_input_embeddings()).float()
+    if cfg.kind == "feature":
+        layers = resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
+        _, eval_feats = F.features_for(target, train, evals, work, cfg, layers, progress=False)
+        subset, dcfg = D.draft_config_for(target, tok, train, cfg, name, kind="feature", feature_layers=layers)
+        draft: torch.nn.Module = FeatureDraft(dcfg, target.get_input_embeddings()).float()
+    else:
+        subset, dcfg = D.draft_config_for(target, tok, train, cfg, name)
+        draft = R.DistilledDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
     ckpt = work / D.CHECKPOINT_FILE
     if ckpt.is_file():
         draft.load_state_dict(torch.load(ckpt, weights_only=True)["draft"], strict=False)
-    return D.save_final(draft, work, train, cfg, D.evaluate(draft, evals))
+    score = F.evaluate_features(draft, evals, eval_feats) if cfg.kind == "feature" else D.evaluate(draft, evals)
+    return D.save_final(draft, work, train, cfg, score)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Instruct data labelled by the target on a GPU, and the independent distilled draft trained on it,
-# in one command of at most 9 minutes, without network (see gpu_instruct.py for the steps).
+# Instruct data labelled by the target on a GPU, and a distilled draft trained on it (independent, or
+# `--kind feature --feature-layers auto` for the feature head with EAGLE-3's fused layers), in one
+# command of at most 9 minutes, without network (see gpu_instruct.py for the steps).
 #
 #   bash benchmarks/distill/gpu_instruct.sh --gguf /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR
 #   bash benchmarks/distill/gpu_instruct.sh --gguf-parts DIR --out DIR   # DIR/*.part* + *.sha256, joined here

@@ -66,7 +66,7 @@ class FeatureDrafter(Drafter):
             if context.target_kv.engine != "hf":
                 raise DynaTreeError(f"a feature draft that reads fused layers ({list(layers)}) needs the target on "
                                     f"the hf engine (the {context.target_kv.engine!r} engine returns only the "
-                                    "final hidden states); use engine='hf'")
+                                    "final hidden states); use engine='hf' (--engine hf)")
         check_vocab(context.target, draft, context.allow_vocab_mismatch)
         return cls(open_kv(draft, context, cls.draft_engine(context.options)), layers)
 
