@@ -224,21 +224,11 @@ def time_feature_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cf
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr)
     idx, probs = D.subset_targets(data, draft.vocab_subset.cpu(), dcfg.vocab_size)
     picks = D.windows(data, cfg, torch.Generator().manual_seed(0))
-
-    def step() -> None:
-        r, c, real = next(picks)
-        batch = tuple(t.to(draft.device) for t in (data.tokens[r, c], feats[r, c], idx[r, c], probs[r, c],
-                                                   data.valid[r, c]))
-        loss, _ = F._level_losses(draft, (*batch, real), cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    step()  # warm-up (allocations, kernels)
+    F._train_step(draft, opt, F._batch(data, feats, idx, probs, next(picks), draft.device), cfg)  # warm-up
     sync(cfg)
     t0 = time.perf_counter()
     for _ in range(n):
-        step()
+        F._train_step(draft, opt, F._batch(data, feats, idx, probs, next(picks), draft.device), cfg)
     sync(cfg)
     return (time.perf_counter() - t0) / n
 
@@ -311,15 +301,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"== plan: {n_train} training sequences (~{per_seq * n_train:.0f} s), {steps} steps "
           f"(~{steps * step_s:.0f} s at {step_s * 1000:.0f} ms)", flush=True)
 
-    module, name = (F, "_level_losses") if cfg.kind == "feature" else (D, "_train_step")
-    real_step = getattr(module, name)
+    module = F if cfg.kind == "feature" else D
+    real_step = module._train_step
 
     def guarded_step(*a: Any) -> Any:
         if time.monotonic() > deadline - 20.0:
             raise OutOfTime
         return real_step(*a)
 
-    setattr(module, name, guarded_step)
+    module._train_step = guarded_step
     train = F.distill_features if cfg.kind == "feature" else D.distill
     t_train = time.monotonic()
     stopped_early = False
@@ -329,7 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stopped_early = True
         final = finish_from_checkpoint(target, tok, cfg, args.work, target_name)
     finally:
-        setattr(module, name, real_step)
+        module._train_step = real_step
     mark("label_train_and_train", t_train)
     files = write_weights(final, args.out / "draft", args.max_file_mb)
     shutil.copyfile(args.work / D.LOG_FILE, args.out / "train_log.jsonl")

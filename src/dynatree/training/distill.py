@@ -183,16 +183,11 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
         match.append(top.cpu() == data.topk_ids[i:i + 8, :, 0])
     hit = torch.cat(match)
     gen = data.generated_mask()
-    prompt = data.valid & ~gen
     subset = getattr(draft, "vocab_subset", None)
     if subset is not None:
         inside = torch.isin(data.topk_ids[..., 0], subset.cpu())
     else:
         inside = torch.ones_like(hit)
-
-    def rate(m: torch.Tensor) -> float:
-        return float(hit[m].float().mean()) if m.any() else float("nan")
-
     rounds = tokens = 0
     for s in range(len(data)):
         pos = torch.nonzero(gen[s]).flatten()
@@ -204,13 +199,25 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
                 run += 1
             step = min(run + 1, len(m) - t)
             rounds, tokens, t = rounds + 1, tokens + step, t + step
+    return agreement(hit, data, inside, tokens / max(1, rounds))
+
+
+def agreement(hit: torch.Tensor, data: LabelledData, inside: torch.Tensor, linear_k4_tokens: float) -> Agreement:
+    """:class:`Agreement` from the teacher-forced top-1 matches ``hit`` ``[n, L]`` of ``data``
+    (overall, by prompt/generated, chat/raw and kind of request), the subset's coverage mask
+    ``inside`` and the simulated tokens per round of linear speculation."""
+    gen = data.generated_mask()
     chat = data.chat[:, None].expand_as(gen)
+
+    def rate(m: torch.Tensor) -> float:
+        return float(hit[m].float().mean()) if m.any() else float("nan")
+
     by_kind = None
     if data.kind is not None:
         by_kind = {KINDS[k]: round(rate(gen & (data.kind == k)[:, None]), 5) for k in sorted(set(data.kind.tolist()))}
     return Agreement(
-        generated=rate(gen), prompt=rate(prompt), coverage=float(inside[gen].float().mean()),
-        linear_k4_tokens=tokens / max(1, rounds), chat_generated=rate(gen & chat),
+        generated=rate(gen), prompt=rate(data.valid & ~gen), coverage=float(inside[gen].float().mean()),
+        linear_k4_tokens=linear_k4_tokens, chat_generated=rate(gen & chat),
         raw_generated=rate(gen & ~chat), positions=int(gen.sum()), by_kind=by_kind)
 
 

@@ -22,7 +22,6 @@ from every position, so ``linear_k4_tokens`` is an exact simulation of greedy li
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from dynatree.training.distill import (
     subset_targets,
     distill_loss,
     windows,
+    agreement,
     end_step,
     evaluate,
     save_checkpoint,
@@ -49,7 +49,6 @@ from dynatree.training.distill import (
     start_training,
 )
 from dynatree.training.data import LabelledData, Tokenizer, atomic_save, progress_bar
-from dynatree.training.instruct import KINDS
 from dynatree.training.labels import labelled_sets, load_stamped, stamp
 from dynatree.text.corpora import Text
 from dynatree.catalog import DEFAULT_TARGET
@@ -108,9 +107,7 @@ def features_for(target: nn.Module, train: LabelledData, evals: LabelledData, ou
                  layers: Sequence[int] = (), progress: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(train, held-out) features, from ``features.pt`` when made for the same data, target and layers."""
     path = out / FEATURES_FILE
-    wanted = stamp(cfg, target)
-    if layers:
-        wanted["key"] = json.dumps({**cfg.data_key(), "feature_layers": list(layers)})
+    wanted = stamp(cfg, target, feature_layers=list(layers)) if layers else stamp(cfg, target)
     saved = load_stamped(path, wanted)
     if saved is not None:
         return saved["train"], saved["eval"]
@@ -197,6 +194,25 @@ def _level_losses(draft: FeatureDraft, batch: tuple[torch.Tensor, ...], cfg: Dis
     return total, agree1
 
 
+def _batch(data: LabelledData, feats: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor,
+           window: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], device: torch.device
+           ) -> tuple[torch.Tensor | None, ...]:
+    """One :func:`~dynatree.training.distill.windows` window as :func:`_level_losses` takes it."""
+    r, c, real = window
+    return (*(t.to(device) for t in (data.tokens[r, c], feats[r, c], idx[r, c], probs[r, c], data.valid[r, c])), real)
+
+
+def _train_step(draft: FeatureDraft, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor | None, ...],
+                cfg: DistillConfig) -> tuple[float, float]:
+    draft.train()
+    loss, agree = _level_losses(draft, batch, cfg)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.detach()), agree
+
+
 @torch.inference_mode()
 def evaluate_features(draft: FeatureDraft, data: LabelledData, feats: torch.Tensor, *, spec_k: int = 4,
                       batch: int = 16) -> Agreement:
@@ -214,7 +230,6 @@ def evaluate_features(draft: FeatureDraft, data: LabelledData, feats: torch.Tens
         hits.append(ids == data.topk_ids[i:i + batch, :, 0])
     hit = torch.cat(hits, dim=1)
     gen = data.generated_mask()
-    prompt = data.valid & ~gen
     inside = torch.isin(data.topk_ids[..., 0], draft.vocab_subset.cpu())
     rounds = tokens_out = 0
     for s in range(len(data)):
@@ -226,18 +241,7 @@ def evaluate_features(draft: FeatureDraft, data: LabelledData, feats: torch.Tens
                 run += 1
             step = min(run + 1, len(pos) - t)
             rounds, tokens_out, t = rounds + 1, tokens_out + step, t + step
-    h1 = hit[0]
-    chat = data.chat[:, None].expand_as(gen)
-
-    def rate(m: torch.Tensor) -> float:
-        return float(h1[m].float().mean()) if m.any() else float("nan")
-
-    by_kind = None
-    if data.kind is not None:
-        by_kind = {KINDS[k]: round(rate(gen & (data.kind == k)[:, None]), 5) for k in sorted(set(data.kind.tolist()))}
-    return Agreement(generated=rate(gen), prompt=rate(prompt), coverage=float(inside[gen].float().mean()),
-                     linear_k4_tokens=tokens_out / max(1, rounds), chat_generated=rate(gen & chat),
-                     raw_generated=rate(gen & ~chat), positions=int(gen.sum()), by_kind=by_kind)
+    return agreement(hit[0], data, inside, tokens_out / max(1, rounds))
 
 
 def evaluate_draft(draft: nn.Module, data: LabelledData, target: nn.Module) -> Agreement:
@@ -280,19 +284,11 @@ def distill_features(target: nn.Module, tokenizer: Tokenizer, *, out_dir: str | 
     t0 = time.monotonic()
     with open(log_path, "a", encoding="utf-8") as log:
         while step < cfg.steps:
-            r, c, real = next(picks)
-            batch = tuple(t.to(draft.device) for t in (train.tokens[r, c], feats[r, c], idx[r, c], probs[r, c],
-                                                       train.valid[r, c]))
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            draft.train()
-            loss, agree = _level_losses(draft, (*batch, real), cfg)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-            optimizer.step()
+            loss, agree = _train_step(draft, optimizer, _batch(train, feats, idx, probs, next(picks), draft.device), cfg)
             step += 1
-            end_step(log, bar, step, float(loss.detach()), agree, cfg, t0, lambda: evaluate_features(draft, evals, eval_feats),
+            end_step(log, bar, step, loss, agree, cfg, t0, lambda: evaluate_features(draft, evals, eval_feats),
                      lambda: save_checkpoint(ckpt_path, step, cfg, subset, draft, optimizer, gen))
     bar.close()
     return save_final(draft, out, train, cfg, evaluate_features(draft, evals, eval_feats))

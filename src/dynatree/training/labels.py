@@ -23,11 +23,12 @@ from dynatree.training.config import DistillConfig
 from dynatree.training.data import DATA_FILE, LabelledData, Tokenizer, atomic_save, concat, label_continuation
 
 
-def stamp(cfg: DistillConfig, target: nn.Module) -> dict[str, Any]:
-    """What a cached file of labels or features is valid for: the data settings and the target's
-    weights (a fingerprint of its embeddings). Saved beside the payload."""
+def stamp(cfg: DistillConfig, target: nn.Module, **extra: Any) -> dict[str, Any]:
+    """What a cached file of labels or features is valid for: the data settings (and any ``extra``
+    setting the file depends on) and the target's weights (a fingerprint of its embeddings). Saved
+    beside the payload."""
     fingerprint = TargetFingerprint.of(target.get_input_embeddings().weight)
-    return {"key": json.dumps(cfg.data_key()), "fingerprint": asdict(fingerprint)}
+    return {"key": json.dumps({**cfg.data_key(), **extra}), "fingerprint": asdict(fingerprint)}
 
 
 def load_stamped(path: Path, wanted: dict[str, Any]) -> dict[str, Any] | None:
