@@ -193,6 +193,50 @@ def test_padded_rows_get_the_features_of_the_row_alone(layers: tuple[int, ...]) 
     assert not torch.allclose(unmasked[1, 6:].float(), feats[1, 6:].float(), atol=2e-2)
 
 
+class _Interrupt(Exception):
+    pass
+
+
+@torch.no_grad()
+def test_an_interrupted_feature_pass_resumes_from_its_partial_file(tmp_path: Path, monkeypatch) -> None:
+    """A pass stopped after its third batch resumes from ``partial`` at the batch after the last save
+    and ends with the features of an uninterrupted pass; the early batches are not run again.
+    Control: resuming with the partial file's ``next`` one batch late leaves a batch of zeros."""
+    target = tiny_model("llama", 6, layers=3)
+    rows = [[3 + (5 * s + j) % 40 for j in range(4 + s % 5)] for s in range(9)]
+    tokens, start = _left_padded(rows)
+    whole = F.target_features(target, tokens, start=start, layers=FUSED, batch=2, progress=False)
+    partial = tmp_path / "features.partial.pt"
+    calls = {"n": 0}
+    forward = target.base_model.forward
+
+    def stop_after_three(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise _Interrupt
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(target.base_model, "forward", stop_after_three)
+    with pytest.raises(_Interrupt):
+        F.target_features(target, tokens, start=start, layers=FUSED, batch=2, partial=partial,
+                          save_every_s=0.0, progress=False)
+    assert int(torch.load(partial, weights_only=True)["next"]) == 6
+    calls["n"] = -100
+    resumed = F.target_features(target, tokens, start=start, layers=FUSED, batch=2, partial=partial,
+                                save_every_s=0.0, progress=False)
+    assert calls["n"] == -100 + 2  # batches 4 and 5 only
+    assert torch.equal(resumed, whole)
+    late = torch.load(partial, weights_only=True)
+    late["next"] = 8
+    late["features"][:] = 0  # (pretend only the first 6 rows' batches were kept, one batch too few)
+    late["features"][torch.argsort(start, descending=True, stable=True)[:6]] = whole[
+        torch.argsort(start, descending=True, stable=True)[:6]]
+    torch.save(late, partial)
+    skipped = F.target_features(target, tokens, start=start, layers=FUSED, batch=2, partial=partial,
+                                save_every_s=0.0, progress=False)
+    assert not torch.equal(skipped, whole)
+
+
 @torch.no_grad()
 def test_padded_unrolled_levels_equal_the_row_alone() -> None:
     """Every level of a left-padded batch, at the real columns, equals the levels of each row run

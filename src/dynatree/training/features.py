@@ -63,14 +63,17 @@ FEATURES_FILE = "features.pt"
 @torch.inference_mode()
 def target_features(target: nn.Module, tokens: torch.Tensor, *, start: torch.Tensor | None = None,
                     layers: Sequence[int] = (), batch: int = 16, partial: Path | None = None,
-                    progress: bool = True, desc: str = "target features") -> torch.Tensor:
+                    save_every_s: float = 300.0, progress: bool = True,
+                    desc: str = "target features") -> torch.Tensor:
     """The target's features ``[n, L, H * max(1, len(layers))]`` (fp16, CPU) of every position of
     ``tokens``: its final hidden states, or the outputs of ``layers`` concatenated.
 
     ``start[s]``: row ``s``'s first real column (left padding before it): rows are run in order of
     their length, each batch cut to its longest row, padding masked and positions counted from each
     row's first token; padding columns get zeros. ``partial`` keeps finished chunks so an
-    interrupted pass resumes where it stopped.
+    interrupted pass resumes where it stopped. It is rewritten at most every ``save_every_s``
+    seconds: each save writes the whole tensor (13 GB for 7,600 fused rows of 512 tokens), so
+    saving on a batch count made a GPU pass spend its time writing checkpoints.
     """
     n, length = tokens.shape
     device = target.get_input_embeddings().weight.device
@@ -84,6 +87,7 @@ def target_features(target: nn.Module, tokens: torch.Tensor, *, start: torch.Ten
     starts = start if start is not None else torch.zeros(n, dtype=torch.long)
     order = torch.argsort(starts, descending=True, stable=True)  # shortest rows first
     bar = progress_bar(total=n, initial=first, desc=desc, enabled=progress)
+    saved_at = time.monotonic()
     for i in range(first, n, batch):
         rows = order[i:i + batch]
         cut = int(starts[rows].min())
@@ -97,8 +101,9 @@ def target_features(target: nn.Module, tokens: torch.Tensor, *, start: torch.Ten
         # (padding queries see no key: whatever they return, NaN included, is replaced by zeros)
         feats[rows, cut:] = hidden.masked_fill(mask[..., None] == 0, 0.0).to(torch.float16).cpu()
         bar.update(len(rows))
-        if partial is not None and (i // batch) % 16 == 15:
+        if partial is not None and i + batch < n and time.monotonic() - saved_at >= save_every_s:
             atomic_save({"features": feats, "next": i + batch}, partial)
+            saved_at = time.monotonic()
     bar.close()
     return feats
 
