@@ -194,8 +194,11 @@ def device_name(device: str) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def time_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: DistillConfig, n: int = 4) -> float:
-    """Seconds per training step of the draft this run trains, measured on the held-out labels."""
+def time_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: DistillConfig,
+               n: int = 4) -> tuple[float, float]:
+    """(seconds per training step of the draft this run trains, extra seconds per training sequence
+    before training), measured on the held-out labels. The extra is the feature head's pass over the
+    target's features and their save (0 for the independent draft)."""
     if cfg.kind == "feature":
         return time_feature_steps(target, tok, data, cfg, n)
     subset, dcfg = D.draft_config_for(target, tok, data, cfg, "probe")
@@ -210,14 +213,23 @@ def time_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: Disti
     for _ in range(n):
         D._train_step(draft, opt, next(batches))
     sync(cfg)
-    return (time.perf_counter() - t0) / n
+    return (time.perf_counter() - t0) / n, 0.0
 
 
-def time_feature_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: DistillConfig, n: int) -> float:
+SAVE_BYTES_PER_S = 0.5e9  # writing features.pt, assumed low: the first H200 run had no figure for its disk
+
+
+def time_feature_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: DistillConfig,
+                       n: int) -> tuple[float, float]:
     """:func:`time_steps` for a feature head: its training step (unrolled levels) on the held-out
-    labels and the target's features of them."""
+    labels and the target's features of them, and the features pass per sequence plus its save
+    (the first H200 run of the head planned without them and ran out of time)."""
     layers = resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
+    sync(cfg)
+    t0 = time.perf_counter()
     feats = F.target_features(target, data.tokens, start=data.start, layers=layers, progress=False)
+    sync(cfg)
+    per_seq = (time.perf_counter() - t0) / max(1, len(data)) + feats[0].numel() * 2 / SAVE_BYTES_PER_S
     subset, dcfg = D.draft_config_for(target, tok, data, cfg, "probe", kind="feature", feature_layers=layers)
     draft = FeatureDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
@@ -230,7 +242,7 @@ def time_feature_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cf
     for _ in range(n):
         F._train_step(draft, opt, F._batch(data, feats, idx, probs, next(picks), draft.device), cfg)
     sync(cfg)
-    return (time.perf_counter() - t0) / n
+    return (time.perf_counter() - t0) / n, per_seq
 
 
 def feature_cap(target: torch.nn.Module, cfg: DistillConfig, gb: float) -> int:
@@ -288,12 +300,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     eval_s = time.monotonic() - t
     eval_positions = int(evals.valid.sum())
     t = mark("label_eval", t)
-    step_s = time_steps(target, tok, evals, cfg)
+    step_s, features_per_seq = time_steps(target, tok, evals, cfg)
     t = mark("time_steps", t)
 
     # the held-out side is one cold batch: the training side ran 1.6x faster per sequence in the
     # H200 rehearsal, so 0.8x of the held-out time still leaves slack
-    per_seq = 0.8 * eval_s / max(1, len(evals))
+    per_seq = 0.8 * eval_s / max(1, len(evals)) + features_per_seq
     n_train, steps = plan(deadline - time.monotonic() - 25.0, step_s, per_seq, cfg, args.train_share)
     cfg = dataclasses.replace(cfg, train_sequences=n_train, steps=steps,
                               checkpoint_every=max(1, min(100, steps // 10)), warmup=min(50, steps // 10),
