@@ -21,6 +21,7 @@ from dynatree.runtime import distributed
 from dynatree.runtime.devices import check_compiler
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
+from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
 from dynatree.runtime.window import AttentionLayout, attention_layout, layer_masks
 from dynatree.tuning import PREFILL_CHUNK
 
@@ -152,7 +153,8 @@ class CachedModel:
         ``inputs`` (a feature draft's ``features``); returns the model's raw output. ``base`` calls
         the model without its LM head (``base_model``)."""
         self.calls += 1
-        with self._layout():
+        rows = len(tokens)
+        with self._layout(), grouped_kv(grouped_kv_applies(self.device, rows)):
             out = (self.model.base_model if base else self.model)(
                 input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
                 attention_mask=self._mask(visible, since, positions),

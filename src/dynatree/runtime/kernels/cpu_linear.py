@@ -8,7 +8,10 @@ slower still (inductor turns a one-row matmul into its own loop). The same produ
 ``(W @ x.T).T`` -- the weight as the left operand, the rows as a transposed right operand -- is a
 different BLAS kernel that streams each weight once for all rows: for 2-8 rows it costs *less*
 than the one-row ``F.linear``. So one-row calls are padded to two (their answer is the first
-row), and every call of up to ``max_rows`` rows takes this layout. Measured side by side in
+row), and every call of up to ``max_rows`` rows takes this layout. The result is copied back to row-major
+order: left as the transposed view, every elementwise op after it (norms, rotary embeddings) and
+SDPA's fused CPU kernel (which needs a unit last-dim stride) ran on a column-major tensor, and a
+3-row verify cost 2.2x a one-row step instead of 1.5x. Measured side by side in
 ``benchmarks/cpu/linear_layout.py`` (layers only) and ``engines.jsonl`` (end to end); results differ from ``F.linear`` only by float summation
 order (greedy exactness is unaffected and tested).
 
@@ -41,7 +44,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     flat = x.reshape(rows, x.shape[-1])
     if rows == 1:  # a real copy: a stride-0 (expanded) operand would make torch.mm copy into the slow layout
         flat = torch.cat((flat, flat))
-    out = torch.mm(weight, flat.t()).t()[:rows]
+    out = torch.mm(weight, flat.t()).t()[:rows].contiguous()
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])

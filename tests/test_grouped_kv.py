@@ -1,0 +1,103 @@
+"""kernels/grouped_kv.py: our multi-row CPU calls of a grouped-query model read the KV cache in
+place (no per-head copy), one-row calls keep HF's packed path, the switch never leaks out of our
+calls, and the logits and greedy outputs are those of the copying path. A control with the key
+heads mis-grouped shows the comparison would catch a wrong grouping."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dynatree
+import dynatree.runtime.cache as C
+from dynatree.core.tree import TreeBuilder
+from dynatree.core.verify import tree_forward
+from dynatree.options import StoppingConfig
+from dynatree.runtime.kernels import grouped_kv
+from tiny import hf_greedy, perturbed, tiny_model
+
+NO_EOS = StoppingConfig(eos_token_id=())
+pytestmark = pytest.mark.skipif(not grouped_kv.SUPPORTED, reason="SDPA without enable_gqa (torch < 2.5)")
+
+
+def _chain(root: int, tokens: list[int]):
+    b = TreeBuilder(root)
+    p = 0
+    for t in tokens:
+        p = b.add(p, t, 0.0)
+    return b.freeze()
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, *, misgroup: bool = False) -> list[tuple[int, int, bool]]:
+    """Record (query heads, key heads, enable_gqa) of every SDPA call; ``misgroup`` swaps the key
+    heads of grouped calls (a wrong grouping, for the control)."""
+    seen: list[tuple[int, int, bool]] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        gqa = bool(kwargs.get("enable_gqa", False))
+        seen.append((q.shape[1], k.shape[1], gqa))
+        if misgroup and gqa:
+            k, v = k.flip(1), v.flip(1)
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return seen
+
+
+def _verify_logits(model: torch.nn.Module, inplace: bool, monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
+    monkeypatch.setattr(C, "grouped_kv_applies", grouped_kv.applies if inplace else (lambda device, rows: False))
+    kv = C.CachedModel(model, C.vocab_size(model))
+    with torch.inference_mode():
+        kv.prefill([5, 9, 17, 3, 44, 21, 8, 30, 2, 11])
+        return tree_forward(kv, _chain(7, [12, 40, 3, 19, 60]), "bfs")[0]
+
+
+def test_multi_row_calls_read_the_cache_in_place_and_one_row_calls_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(grouped_kv.ENV, raising=False)
+    model = tiny_model("llama", 3)  # 4 query heads on 2 KV heads
+    seen = _spy(monkeypatch)
+    kv = C.CachedModel(model, C.vocab_size(model))
+    with torch.inference_mode():
+        kv.prefill([5, 9, 17, 3])
+        assert seen and all(s == (4, 2, True) for s in seen)  # prefill: several rows, cache read in place
+        seen.clear()
+        tree_forward(kv, _chain(7, [12, 40]), "bfs")
+        assert seen and all(s == (4, 2, True) for s in seen)
+        seen.clear()
+        tree_forward(kv, _chain(7, []), "bfs")  # one row: HF's packed path, no enable_gqa
+        assert seen and not any(gqa for _, _, gqa in seen)
+    assert grouped_kv.ENV not in os.environ
+
+
+def test_the_switch_is_restored_to_the_users_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(grouped_kv.ENV, "0")
+    with grouped_kv.grouped_kv(True):
+        assert os.environ[grouped_kv.ENV] == "1"
+    assert os.environ[grouped_kv.ENV] == "0"
+    with pytest.raises(ValueError), grouped_kv.grouped_kv(True):
+        raise ValueError
+    assert os.environ[grouped_kv.ENV] == "0"
+
+
+def test_logits_equal_the_copying_path_and_a_wrong_grouping_would_show(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("llama", 4, layers=3)
+    copying = _verify_logits(model, False, monkeypatch)
+    inplace = _verify_logits(model, True, monkeypatch)
+    torch.testing.assert_close(inplace, copying, rtol=1e-5, atol=1e-5)
+    _spy(monkeypatch, misgroup=True)
+    wrong = _verify_logits(model, True, monkeypatch)
+    assert not torch.allclose(wrong, copying, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("strategy", ["linear", "dynatree", "dyspec"])
+def test_greedy_output_equals_hf_greedy_with_the_cache_read_in_place(arch: str, strategy: str) -> None:
+    target = tiny_model(arch, 5, layers=3)
+    draft = perturbed(target, 0.05)
+    ids = torch.tensor([[3, 17, 42, 8, 29, 11, 5]])
+    got = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS)
+    assert torch.equal(got.sequences, hf_greedy(target, ids, 40, None))
