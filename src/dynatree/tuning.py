@@ -67,17 +67,18 @@ TEXT_MODEL_MIN_GAIN = 0.3
 #: measures one, which then wins): per device type, ``(rows, relative cost)``, interpolated
 #: linearly and extended past the last point by the last segment's slope. Relative costs suffice:
 #: with no other round cost counted, the best node count is the same at any scale.
-#: CPU: the 2-core EPYC, 2 threads, eager hf engine with the few-row layout, the instruct sets'
-#: prompts (``benchmarks/instruct/cpu.jsonl``, 2026-11-24, quiet machine): median ``t_verify`` of
-#: the rounds of each tree size over the median one-row round (33.5 ms, 5199 rounds): 2 rows 1.50
-#: (29 rounds), 4 rows 1.61 (341), 9 rows 2.48 (48), 17 rows 2.85 (341); the sizes between, seen
-#: 1-11 times each, lie near the lines. (The licence prompts of ``benchmarks/cpu/engines.jsonl``,
-#: shorter, gave a flatter 1.26 / 1.20 / 1.53 at 8 rows / 2.01 at 17.) CUDA: flat -- on the H200 a
+#: CPU: the 2-core EPYC, 2 threads, eager hf engine with the few-row layout (row-major results)
+#: and the grouped KV cache read in place, the instruct sets' prompts
+#: (``benchmarks/instruct/verify-cost/cpu.jsonl``, 2026-11-24, quiet machine): median ``t_verify`` of
+#: the rounds of each tree size over the median one-row round (38.8 ms, 3648 rounds): 2 rows 1.04
+#: (15 rounds), 4 rows 1.22 (1164), 17 rows 2.59 (215); 9 rows from ``benchmarks/cpu/verify_rows.py``
+#: (8 rows 1.80, 12 rows 2.53). Before those two fixes the same tree sizes cost 1.50 / 1.61 / 2.48 (9
+#: rows) / 2.85: every multi-row call copied the KV cache per query head. CUDA: flat -- on the H200 a
 #: hf-engine verify of a Pythia-2.8B-shaped target costs 1.00-1.03x one step from 1 to 32 rows
 #: (``benchmarks/gpu/h200/costs.md``), so every node of a proposal (path probability >= 0.1) pays
 #: and the full budget stays. Other devices: none, no trim.
 TEXT_COST_CURVE: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
-    "cpu": ((1, 2, 4, 9, 17), (1.0, 1.5, 1.6, 2.5, 2.85)),
+    "cpu": ((1, 2, 4, 9, 17), (1.0, 1.04, 1.22, 2.0, 2.59)),
     "cuda": ((1, 2), (1.0, 1.0)),
 }
 #: Memory of the per-step acceptance rate that calibrates the text's path probabilities before the
