@@ -196,13 +196,15 @@ def test_step_acceptance_counts_steps_taken_over_steps_offered() -> None:
 
 def test_the_rate_decides_how_deep_a_confident_looking_chain_goes() -> None:
     """Sixteen nodes the counts call certain: the raw gains keep them all; a source whose steps
-    are taken half the time keeps a few; one whose steps are taken 9 times in 10 goes deep."""
+    are taken half the time keeps a few; one whose steps are taken 9 times in 10 goes deep; one
+    taken 2 times in 100 drafts nothing."""
     chain = proposal(list(range(-1, 15)), [1.0] * 16)
     assert gains(chain, 0.5)[:3] == pytest.approx([0.5, 0.25, 0.125]) and gains(chain) == [1.0] * 16
     assert len(trim(chain, cpu())) == 16
     assert 1 <= len(trim(chain, cpu(), rate=0.5)) <= 3
     assert len(trim(chain, cpu(), rate=0.9)) >= 12  # deep (13 of 16 on the CPU curve: the last rows cost more than they gain)
-    assert len(trim(chain, cpu(), rate=0.2)) == 0
+    assert len(trim(chain, cpu(), rate=0.2)) <= 1  # a second row costs more than 0.04 of a step
+    assert len(trim(chain, cpu(), rate=0.02)) == 0  # nothing pays: a plain step
 
 
 def test_control_a_source_that_never_learns_keeps_drafting_what_is_rejected(monkeypatch) -> None:
