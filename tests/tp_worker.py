@@ -24,6 +24,7 @@ import dynatree
 from dynatree import EngineOptions, SamplingConfig, StoppingConfig
 from dynatree.runtime import distributed
 from dynatree.runtime import engines
+from dynatree.runtime.kernels import cpu_linear
 from dynatree.errors import DynaTreeError
 
 PROMPT = [5, 17, 33, 8]
@@ -73,13 +74,29 @@ def main(model_dir: str, out_dir: str) -> None:
         res["cpu_linear_true"] = "accepted"
     except DynaTreeError as err:
         res["cpu_linear_true"] = str(err)
-    # Mutant: the few-row CPU layout forced onto the sharded target (both guards defeated). The
-    # test requires this to differ from the unsharded output, i.e. that the comparison can fail.
+    # Mutant: the few-row CPU layout forced onto the sharded target (both guards defeated), as it
+    # was before its results were copied to row-major order. The test requires this to differ
+    # from the unsharded output, i.e. that the comparison can fail.
     distributed.resolve_cpu_linear = lambda model, cpu_linear: None
     distributed.layout_allowed = lambda model: True
     engines.CPU_LINEAR_MIN_THREADS = 1  # the workers run one thread, where the layout is off by default
+    cpu_linear.small_batch_linear = transposed_layout
     res["mutant-cpu-linear/autoregressive"] = run("autoregressive")
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
+
+
+def transposed_layout(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``cpu_linear.small_batch_linear`` before its results were copied to row-major order: the
+    same values, returned as a strided view (a one-row call's is the first row of a padded two-row product, last-dim stride 2), which
+    a sharded layer's collectives do not handle."""
+    rows = x.numel() // x.shape[-1]
+    flat = x.reshape(rows, x.shape[-1])
+    if rows == 1:
+        flat = torch.cat((flat, flat))
+    out = torch.mm(weight, flat.t()).t()[:rows]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 if __name__ == "__main__":
