@@ -17,6 +17,9 @@ from __future__ import annotations
 #: 1.04x over compiled AR with 3 nodes against 0.85x with 4, same run
 #: (``benchmarks/cpu/engines.jsonl``). CUDA: on the H200 a compiled verify of a
 #: Pythia-2.8B-shaped target costs 1.24x one step at 32 rows and 1.45x at 64; 64 is not swept.
+#: Re-checked on the CPU after its verify passes got cheaper (4 rows 1.8x -> 1.3x a step): 6
+#: nodes ran at 0.99x alone and 1.97x in the hybrid against 1.07x and 2.05x with 3, same run
+#: (``benchmarks/instruct/verify-cost/budget.jsonl``).
 DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}
 
 # --------------------------------------------------------------------------- engines
