@@ -27,6 +27,8 @@ from dynatree.runtime import engines
 from dynatree.runtime.kernels import cpu_linear
 from dynatree.errors import DynaTreeError
 
+ROW_MAJOR = cpu_linear.small_batch_linear
+
 PROMPT = [5, 17, 33, 8]
 NEW = 30
 SEED = 3
@@ -80,24 +82,18 @@ def main(model_dir: str, out_dir: str) -> None:
     distributed.resolve_cpu_linear = lambda model, cpu_linear: None
     distributed.layout_allowed = lambda model: True
     engines.CPU_LINEAR_MIN_THREADS = 1  # the workers run one thread, where the layout is off by default
-    cpu_linear.small_batch_linear = transposed_layout
+    cpu_linear.small_batch_linear = strided_layout
     res["mutant-cpu-linear/autoregressive"] = run("autoregressive")
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
 
 
-def transposed_layout(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``cpu_linear.small_batch_linear`` before its results were copied to row-major order: the
-    same values, returned as a strided view (a one-row call's is the first row of a padded two-row product, last-dim stride 2), which
-    a sharded layer's collectives do not handle."""
-    rows = x.numel() // x.shape[-1]
-    flat = x.reshape(rows, x.shape[-1])
-    if rows == 1:
-        flat = torch.cat((flat, flat))
-    out = torch.mm(weight, flat.t()).t()[:rows]
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*x.shape[:-1], weight.shape[0])
 
+def strided_layout(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The few-row layout's values returned as a strided view (last-dim stride 2), as its one-row
+    calls returned them before the results were copied to row-major order: a sharded layer's
+    collectives do not handle such a view."""
+    out = ROW_MAJOR(x, weight, bias)
+    return torch.stack((out, out), dim=-1)[..., 0]
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
