@@ -43,6 +43,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -207,13 +208,27 @@ def time_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cfg: Disti
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr)
     idx, probs = D.subset_targets(data, draft.vocab_subset.cpu(), dcfg.vocab_size)
     batches = D._batches(data, idx, probs, cfg, torch.Generator().manual_seed(0))
-    D._train_step(draft, opt, next(batches))  # warm-up (allocations, kernels)
-    sync(cfg)
+    return seconds_per_call(lambda: D._train_step(draft, opt, next(batches)), n), 0.0
+
+
+def seconds_per_call(call: Callable[[], Any], n: int) -> float:
+    """Mean wall time of ``n`` calls after one warm-up call (allocations, kernels), synchronised."""
+    call()
+    sync()
     t0 = time.perf_counter()
     for _ in range(n):
-        D._train_step(draft, opt, next(batches))
-    sync(cfg)
-    return (time.perf_counter() - t0) / n, 0.0
+        call()
+    sync()
+    return (time.perf_counter() - t0) / n
+
+
+def feature_layers_of(target: torch.nn.Module, cfg: DistillConfig) -> list[int]:
+    return resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
+
+
+def feature_bytes_per_sequence(target: torch.nn.Module, cfg: DistillConfig) -> int:
+    """Bytes of one training sequence's fp16 features (what memory holds and features.pt saves)."""
+    return cfg.sequence_length() * int(target.config.hidden_size) * max(1, len(feature_layers_of(target, cfg))) * 2
 
 
 SAVE_BYTES_PER_S = 0.5e9  # writing features.pt, assumed low: the first H200 run had no figure for its disk
@@ -224,35 +239,30 @@ def time_feature_steps(target: torch.nn.Module, tok: Any, data: LabelledData, cf
     """:func:`time_steps` for a feature head: its training step (unrolled levels) on the held-out
     labels and the target's features of them, and the features pass per sequence plus its save
     (the first H200 run of the head planned without them and ran out of time)."""
-    layers = resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
-    sync(cfg)
+    layers = feature_layers_of(target, cfg)
+    sync()
     t0 = time.perf_counter()
     feats = F.target_features(target, data.tokens, start=data.start, layers=layers, progress=False)
-    sync(cfg)
-    per_seq = (time.perf_counter() - t0) / max(1, len(data)) + feats[0].numel() * 2 / SAVE_BYTES_PER_S
+    sync()
+    per_seq = ((time.perf_counter() - t0) / max(1, len(data))
+               + feature_bytes_per_sequence(target, cfg) / SAVE_BYTES_PER_S)
     subset, dcfg = D.draft_config_for(target, tok, data, cfg, "probe", kind="feature", feature_layers=layers)
     draft = FeatureDraft(dcfg, target.get_input_embeddings()).float()
     draft.init_from_target(target)
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr)
     idx, probs = D.subset_targets(data, draft.vocab_subset.cpu(), dcfg.vocab_size)
     picks = D.windows(data, cfg, torch.Generator().manual_seed(0))
-    F._train_step(draft, opt, F._batch(data, feats, idx, probs, next(picks), draft.device), cfg)  # warm-up
-    sync(cfg)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        F._train_step(draft, opt, F._batch(data, feats, idx, probs, next(picks), draft.device), cfg)
-    sync(cfg)
-    return (time.perf_counter() - t0) / n, per_seq
+    step_s = seconds_per_call(
+        lambda: F._train_step(draft, opt, F._batch(data, feats, idx, probs, next(picks), draft.device), cfg), n)
+    return step_s, per_seq
 
 
 def feature_cap(target: torch.nn.Module, cfg: DistillConfig, gb: float) -> int:
     """The most training sequences whose fp16 features fit in ``gb`` GB."""
-    layers = resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
-    per_seq = cfg.sequence_length() * int(target.config.hidden_size) * max(1, len(layers)) * 2
-    return max(cfg.batch, int(gb * 1e9 // per_seq))
+    return max(cfg.batch, int(gb * 1e9 // feature_bytes_per_sequence(target, cfg)))
 
 
-def sync(_: Any) -> None:
+def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -362,7 +372,7 @@ def finish_from_checkpoint(target: torch.nn.Module, tok: Any, cfg: DistillConfig
 
     train, evals = labelled_sets(target, tok, work, cfg, progress=False)
     if cfg.kind == "feature":
-        layers = resolve_feature_layers(cfg.feature_layers, int(target.config.num_hidden_layers))
+        layers = feature_layers_of(target, cfg)
         _, eval_feats = F.features_for(target, train, evals, work, cfg, layers, progress=False)
         subset, dcfg = D.draft_config_for(target, tok, train, cfg, name, kind="feature", feature_layers=layers)
         draft: torch.nn.Module = FeatureDraft(dcfg, target.get_input_embeddings()).float()

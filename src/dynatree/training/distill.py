@@ -182,24 +182,29 @@ def evaluate(draft: nn.Module, data: LabelledData, *, spec_k: int = 4) -> Agreem
             top = draft(input_ids=ids, attention_mask=mask).logits.argmax(-1)
         match.append(top.cpu() == data.topk_ids[i:i + 8, :, 0])
     hit = torch.cat(match)
-    gen = data.generated_mask()
-    subset = getattr(draft, "vocab_subset", None)
-    if subset is not None:
-        inside = torch.isin(data.topk_ids[..., 0], subset.cpu())
-    else:
-        inside = torch.ones_like(hit)
+    inside = torch.isin(data.topk_ids[..., 0], subset.cpu()) if subset is not None else torch.ones_like(hit)
+    k4 = linear_tokens_per_round(data.generated_mask(), lambda s, pos, t, d: bool(hit[s, pos[t + d]]), spec_k)
+    return agreement(hit, data, inside, k4)
+
+
+def linear_tokens_per_round(gen: torch.Tensor, matched: Callable[[int, list[int], int, int], bool],
+                            spec_k: int) -> float:
+    """Tokens committed per round of greedy linear speculation with K = ``spec_k``, simulated over
+    the generated positions ``gen`` ``[n, L]``: a round rooted at the t-th generated position of
+    row s accepts drafted token d (0-based) while ``matched(s, positions, t, d)`` holds for every
+    token before it, at most K, plus one token from the target. The draft kinds differ only in
+    ``matched`` (teacher-forced top-1 hits, or the unrolled levels of a feature head)."""
     rounds = tokens = 0
-    for s in range(len(data)):
-        pos = torch.nonzero(gen[s]).flatten()
-        m = hit[s, pos].tolist()
+    for s in range(gen.shape[0]):
+        pos = torch.nonzero(gen[s]).flatten().tolist()
         t = 0
-        while t < len(m):
+        while t < len(pos):
             run = 0
-            while run < spec_k and t + run < len(m) and m[t + run]:
+            while run < spec_k and t + run < len(pos) and matched(s, pos, t, run):
                 run += 1
-            step = min(run + 1, len(m) - t)
+            step = min(run + 1, len(pos) - t)
             rounds, tokens, t = rounds + 1, tokens + step, t + step
-    return agreement(hit, data, inside, tokens / max(1, rounds))
+    return tokens / max(1, rounds)
 
 
 def agreement(hit: torch.Tensor, data: LabelledData, inside: torch.Tensor, linear_k4_tokens: float) -> Agreement:

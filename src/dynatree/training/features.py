@@ -42,6 +42,7 @@ from dynatree.training.distill import (
     distill_loss,
     windows,
     agreement,
+    linear_tokens_per_round,
     end_step,
     evaluate,
     save_checkpoint,
@@ -234,19 +235,10 @@ def evaluate_features(draft: FeatureDraft, data: LabelledData, feats: torch.Tens
         ids = draft.vocab_subset[torch.stack([draft.head(h).argmax(-1) for h in levels])].cpu()
         hits.append(ids == data.topk_ids[i:i + batch, :, 0])
     hit = torch.cat(hits, dim=1)
-    gen = data.generated_mask()
     inside = torch.isin(data.topk_ids[..., 0], draft.vocab_subset.cpu())
-    rounds = tokens_out = 0
-    for s in range(len(data)):
-        pos = torch.nonzero(gen[s]).flatten().tolist()
-        t = 0
-        while t < len(pos):
-            run = 0  # the chain from root pos[t]: level d's row sits at position pos[t] + d - 1
-            while run < spec_k and t + run < len(pos) and bool(hit[run, s, pos[t] + run]):
-                run += 1
-            step = min(run + 1, len(pos) - t)
-            rounds, tokens_out, t = rounds + 1, tokens_out + step, t + step
-    return agreement(hit[0], data, inside, tokens_out / max(1, rounds))
+    # the chain from root pos[t]: its level d + 1 (hit[d]) is read at position pos[t] + d
+    k4 = linear_tokens_per_round(data.generated_mask(), lambda s, pos, t, d: bool(hit[d, s, pos[t] + d]), spec_k)
+    return agreement(hit[0], data, inside, k4)
 
 
 def evaluate_draft(draft: nn.Module, data: LabelledData, target: nn.Module) -> Agreement:
