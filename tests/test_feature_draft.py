@@ -263,7 +263,7 @@ def test_padded_unrolled_levels_equal_the_row_alone() -> None:
 
 def test_training_learns_resumes_and_loads(tmp_path: Path) -> None:
     target = tiny_target()
-    cfg = DistillConfig(steps=8, kind="feature", unroll=2, **SMALL)
+    cfg = DistillConfig(steps=8, kind="feature", feature_layers="final", unroll=2, **SMALL)
     final = F.distill_features(target, ByteTokenizer(), out_dir=tmp_path / "a", config=cfg, documents=DOCS,
                                target_name="tiny", progress=False)
     log = [json.loads(x) for x in (tmp_path / "a" / F.LOG_FILE).read_text().splitlines()]

@@ -332,7 +332,10 @@ def test_config_validation_and_data_key() -> None:
                        (dict(kind="feature", feature_layers="auto", feature_weight=1.0), "feature_weight")):
         with pytest.raises(DynaTreeError, match=match):
             DistillConfig(**bad)
-    assert DistillConfig(kind="feature").regression_weight() == 1.0
+    assert DistillConfig(kind="feature", feature_layers="final").regression_weight() == 1.0
+    assert DistillConfig(kind="feature").feature_layers == "auto"  # the default for feature drafts
+    assert DistillConfig(kind="feature").regression_weight() == 0.0
+    assert DistillConfig().feature_layers == ""  # independent drafts read no features
     assert DistillConfig(kind="feature", feature_layers="auto").regression_weight() == 0.0
     with pytest.raises(DynaTreeError, match="seq_len"):
         DistillConfig(data="instruct", seq_len=600, max_prompt_tokens=400, answer_tokens=100)

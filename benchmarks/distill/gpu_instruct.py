@@ -86,8 +86,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--kind", choices=("independent", "feature"), default="independent")
-    ap.add_argument("--feature-layers", default="", help="--kind feature: '' (final hidden state), 'auto' "
-                    "(EAGLE-3's fused low/middle/high layers) or layer numbers")
+    ap.add_argument("--feature-layers", default="", help="--kind feature: 'auto' (EAGLE-3's fused "
+                    "low/middle/high layers; '' = auto), 'final' (the final hidden state) or layer numbers")
     ap.add_argument("--features-gb", type=float, default=16.0, help="--kind feature: the target's features of the "
                     "training side are held in memory and saved once; at most this many GB of them")
     ap.add_argument("--vocab-subset", type=int, default=4096)

@@ -57,7 +57,7 @@ PRESETS: dict[str, Preset] = {
     ),
     FEATURE_DRAFT: Preset(
         "feature-conditioned draft head for smollm2-135m (reads the target's hidden states; built by "
-        "dynatree distill --kind feature), shipped in the package",
+        "dynatree distill --kind feature --feature-layers final), shipped in the package",
         kind="distilled-draft",
     ),
     "pythia-2.8b": Preset(

@@ -298,9 +298,10 @@ def distill_command(
     kind: Annotated[str, typer.Option(help="independent (tokens only) or feature (reads the target's hidden "
                                            "states, the EAGLE idea)")] = DistillConfig.kind,
     unroll: Annotated[int, typer.Option(help="feature drafts: tree levels trained per step")] = DistillConfig.unroll,
-    feature_layers: Annotated[str, typer.Option(help="feature drafts: what the head reads of the target: empty = "
-                                                     "its final hidden state; auto = a low, a middle and a high "
-                                                     "layer fused (EAGLE-3); or layer numbers, e.g. 2,15,27")
+    feature_layers: Annotated[str, typer.Option(help="feature drafts: what the head reads of the target: auto "
+                                                     "(empty = auto) = a low, a middle and a high layer fused "
+                                                     "(EAGLE-3); final = its final hidden state (EAGLE); or layer "
+                                                     "numbers, e.g. 2,15,27")
                               ] = DistillConfig.feature_layers,
     init: Annotated[str, typer.Option(help="a draft folder (from dynatree distill) to start from instead of the "
                                            "target's first layers: fine-tune it on this data")] = DistillConfig.init,

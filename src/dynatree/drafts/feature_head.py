@@ -117,9 +117,9 @@ class FeatureDraft(DistilledDraft):
 
 def resolve_feature_layers(spec: str, num_layers: int) -> tuple[int, ...]:
     """The decoder layers (1 .. ``num_layers`` - 1) a ``DistillConfig.feature_layers`` spec names:
-    "" = none (the final hidden state), "auto" = EAGLE-3's low, middle and high layers
+    "" or "final" = none (the final hidden state), "auto" = EAGLE-3's low, middle and high layers
     (2, N/2, N-3, clipped and deduplicated for small targets), else the listed numbers."""
-    if not spec:
+    if spec in ("", "final"):
         return ()
     if spec == "auto":
         wanted = [2, num_layers // 2, num_layers - 3]
