@@ -45,3 +45,11 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
     target, draft = save_pair(tmp_path_factory.mktemp("models"), tiny_model("llama", 0, vocab=VOCAB))
     return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    """The tiny Llama target and its partly agreeing draft (``tiny.llama_pair``), once per test module."""
+    from tiny import llama_pair as make
+
+    return make()

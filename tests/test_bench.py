@@ -23,7 +23,7 @@ from dynatree.bench.store import SCHEMA_VERSION, ResultsWriter, load_results, pa
 from dynatree.bench.sweep import SweepGrid, parse_axis, run_sweep
 from dynatree.cli import app
 from dynatree.errors import DynaTreeError
-from tiny import llama_pair, perturbed, tiny_model
+from tiny import perturbed, tiny_model
 
 T = 16
 
@@ -163,11 +163,6 @@ def test_first_mismatch() -> None:
 
 # ------------------------------------------------------------------------------ end-to-end runs
 @pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    return llama_pair()
-
-
-@pytest.fixture(scope="module")
 def prompts() -> list[Prompt]:
     g = torch.Generator().manual_seed(0)
     return [Prompt(f"p{i}", tuple(torch.randint(2, 96, (10,), generator=g).tolist())) for i in range(2)]
@@ -180,8 +175,8 @@ def settings(**over: Any) -> BenchSettings:
     return BenchSettings(**base)
 
 
-def test_runner_all_strategies_match_autoregressive(pair, prompts, tmp_path: Path) -> None:
-    target, draft = pair
+def test_runner_all_strategies_match_autoregressive(llama_pair, prompts, tmp_path: Path) -> None:
+    target, draft = llama_pair
     specs = parse_strategies("linear:k=3,fixed:depth=2:branch=2,dynatree,hf-assisted,hf-generate")
     with ResultsWriter(tmp_path / "r.jsonl") as w:
         out = run_bench(target, draft, prompts, specs, settings(), writer=w, warmup=1, progress=False)
@@ -201,9 +196,9 @@ def test_runner_all_strategies_match_autoregressive(pair, prompts, tmp_path: Pat
     assert plain["stats"]["rounds"] == T and plain["stats"]["mean_committed"] == 1.0
 
 
-def test_one_run_measures_both_engines_against_both_baselines(pair, prompts, tmp_path: Path, monkeypatch) -> None:
+def test_one_run_measures_both_engines_against_both_baselines(llama_pair, prompts, tmp_path: Path, monkeypatch) -> None:
     """Issue 8's side-by-side table: HF-eager AR, static AR and a strategy on both engines in one run."""
-    target, draft = pair
+    target, draft = llama_pair
     seen: list[tuple[str, str, bool]] = []
     real_generate = runner_mod.generate
 
@@ -234,7 +229,7 @@ def test_one_run_measures_both_engines_against_both_baselines(pair, prompts, tmp
     assert "over 6 checked runs" in text  # ar-static, linear, linear-static on 2 prompts
 
 
-def test_an_extra_baseline_that_differs_is_reported_as_a_mismatch(pair, prompts, monkeypatch) -> None:
+def test_an_extra_baseline_that_differs_is_reported_as_a_mismatch(llama_pair, prompts, monkeypatch) -> None:
     real = runner_mod.run_engine
 
     def broken_static(target, draft, prompt, spec, s, max_new_tokens):  # a static engine that is off by one
@@ -244,7 +239,7 @@ def test_an_extra_baseline_that_differs_is_reported_as_a_mismatch(pair, prompts,
         return runner_mod.Measurement([m.output_ids[0] ^ 1, *m.output_ids[1:]], m.stats, m.per_round)
 
     monkeypatch.setattr(runner_mod, "run_engine", broken_static)
-    out = run_bench(*pair, prompts, parse_strategies("autoregressive,autoregressive:engine=static@ar-static"),
+    out = run_bench(*llama_pair, prompts, parse_strategies("autoregressive,autoregressive:engine=static@ar-static"),
                     settings(), warmup=0, progress=False)
     assert {r["label"] for r in out.mismatches} == {"ar-static"} and len(out.mismatches) == 2
 
@@ -271,7 +266,7 @@ def test_runner_with_kv_eviction_runs_past_the_context_and_reports_it(prompts, t
     assert "StreamingLLM KV eviction (2 sinks + 12 recent tokens)" in report.markdown.read_text()
 
 
-def test_runner_detects_and_counts_mismatches(pair, prompts, monkeypatch) -> None:
+def test_runner_detects_and_counts_mismatches(llama_pair, prompts, monkeypatch) -> None:
     real = runner_mod.run_engine
 
     def wrong(target, draft, prompt, spec, s, max_new_tokens):  # a deliberately broken "linear"
@@ -283,13 +278,13 @@ def test_runner_detects_and_counts_mismatches(pair, prompts, monkeypatch) -> Non
         return runner_mod.Measurement(ids, m.stats, m.per_round)
 
     monkeypatch.setattr(runner_mod, "run_engine", wrong)
-    out = run_bench(*pair, prompts, parse_strategies("linear:k=3,fixed"), settings(), warmup=0, progress=False)
+    out = run_bench(*llama_pair, prompts, parse_strategies("linear:k=3,fixed"), settings(), warmup=0, progress=False)
     assert len(out.mismatches) == 2 and {r["label"] for r in out.mismatches} == {"linear:k=3"}
     assert all(r["first_mismatch"] == 5 and r["greedy_match"] is False for r in out.mismatches)
     assert next(s for s in summarize(out.rows) if s.label == "linear:k=3").mismatches == 2
 
 
-def test_sweep_resumes_after_interruption_without_duplicates(pair, prompts, tmp_path: Path) -> None:
+def test_sweep_resumes_after_interruption_without_duplicates(llama_pair, prompts, tmp_path: Path) -> None:
     path = tmp_path / "sweep.jsonl"
     grid = SweepGrid("fixed", dict([parse_axis("depth=1,2"), parse_axis("branch=1,2")]), base={"tau": 0.05})
     assert grid.size == 4
@@ -305,12 +300,12 @@ def test_sweep_resumes_after_interruption_without_duplicates(pair, prompts, tmp_
             raise Crash
 
     with pytest.raises(Crash), ResultsWriter(path) as w:
-        run_sweep(*pair, prompts, grid, settings(), w, warmup=0, on_row=crash_after_three, progress=False)
+        run_sweep(*llama_pair, prompts, grid, settings(), w, warmup=0, on_row=crash_after_three, progress=False)
     assert len(load_results(path).rows) == 3
     with path.open("a") as fh:  # a torn line, as a kill -9 mid-write would leave
         fh.write('{"schema": 1, "key": "tor')
     with ResultsWriter(path) as w:
-        outs = run_sweep(*pair, prompts, grid, settings(), w, warmup=0, progress=False)
+        outs = run_sweep(*llama_pair, prompts, grid, settings(), w, warmup=0, progress=False)
     assert outs[0].new_rows == 7 and outs[0].resumed_rows == 3  # 5 specs x 2 prompts = 10
     loaded = load_results(path)
     keys = [r["key"] for r in loaded.rows]
@@ -482,8 +477,8 @@ def test_every_source_and_hf_prompt_lookup_match_autoregressive() -> None:
         assert rounds[label] < 60, label  # the text source was used, not a no-op
 
 
-def test_a_bench_without_a_draft_model_drafts_from_the_text(pair, prompts) -> None:
-    target, _ = pair
+def test_a_bench_without_a_draft_model_drafts_from_the_text(llama_pair, prompts) -> None:
+    target, _ = llama_pair
     out = run_bench(target, None, prompts, parse_strategies("linear:k=3,dynatree"), settings(), warmup=0,
                     progress=False)
     assert out.mismatches == [] and {r["config"].get("source") for r in out.rows if r["strategy"] != "autoregressive"} == {"text"}
@@ -513,13 +508,13 @@ def test_hf_assisted_runs_a_distilled_draft_through_its_hf_export(tmp_path: Path
         hf_assistant(torch.nn.Linear(2, 2))
 
 
-def test_resume_reuses_rows_only_from_the_same_machine_versions_and_code(pair, prompts, tmp_path: Path,
+def test_resume_reuses_rows_only_from_the_same_machine_versions_and_code(llama_pair, prompts, tmp_path: Path,
                                                                          monkeypatch) -> None:
     """A recorded command re-run after a code change (or on another machine, or with other
     library versions) measures again; re-run unchanged, it resumes."""
     from dynatree.bench import sysinfo
 
-    target, draft = pair
+    target, draft = llama_pair
     path = tmp_path / "r.jsonl"
     specs = parse_strategies("linear:k=3")
     with ResultsWriter(path) as w:

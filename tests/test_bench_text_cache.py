@@ -22,15 +22,9 @@ from dynatree.bench.store import ResultsWriter, load_results
 from dynatree.catalog import BENCH_CACHE_TOKENS
 from dynatree.cli import app
 from dynatree.errors import DynaTreeError
-from tiny import llama_pair
 
 T = 16
 SPECS = "dynatree:source=text@plain,dynatree:source=text:text_cache=true@cached"
-
-
-@pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    return llama_pair()
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +47,10 @@ def by(rows: list[dict], label: str) -> dict[str, dict]:
     return {r["prompt_id"]: r for r in rows if r["label"] == label}
 
 
-def test_a_cached_spec_drafts_from_the_earlier_prompts_and_equals_autoregressive(pair, twins) -> None:
+def test_a_cached_spec_drafts_from_the_earlier_prompts_and_equals_autoregressive(llama_pair, twins) -> None:
     specs = parse_strategies(SPECS + ",dynatree:source=hybrid:text_cache=64@hybrid-cached,"
                              "dynatree:source=hybrid@hybrid")
-    out = run_bench(*pair, twins, specs, settings(), warmup=0, progress=False)
+    out = run_bench(*llama_pair, twins, specs, settings(), warmup=0, progress=False)
     assert out.mismatches == [] and len(out.rows) == 15
     assert all(r["greedy_match"] for r in out.rows if not r["reference"])
     plain, cached = by(out.rows, "plain"), by(out.rows, "cached")
@@ -75,11 +69,11 @@ def test_a_cached_spec_drafts_from_the_earlier_prompts_and_equals_autoregressive
         assert r["output_ids"] == by(out.rows, "autoregressive")[r["prompt_id"]]["output_ids"]
 
 
-def test_a_prompt_never_finds_its_own_answer_from_the_warm_up(pair, twins) -> None:
+def test_a_prompt_never_finds_its_own_answer_from_the_warm_up(llama_pair, twins) -> None:
     """The warm-up runs the first prompts (here 'a' and 'b', whole length) before they are timed:
     they draft against a scratch cache, so the timed 'a' still starts from an empty one and 'b'
     sees only 'a' (not its own warm-up run)."""
-    out = run_bench(*pair, twins[:2], parse_strategies(SPECS), settings(), warmup=2, warmup_tokens=T,
+    out = run_bench(*llama_pair, twins[:2], parse_strategies(SPECS), settings(), warmup=2, warmup_tokens=T,
                     progress=False)
     assert out.mismatches == []
     plain, cached = by(out.rows, "plain"), by(out.rows, "cached")
@@ -88,11 +82,11 @@ def test_a_prompt_never_finds_its_own_answer_from_the_warm_up(pair, twins) -> No
     assert cached["b"]["text_cache"] == {"max_tokens": BENCH_CACHE_TOKENS, "tokens": 10 + T, "sequences": 1}
 
 
-def test_a_resumed_run_rebuilds_the_cache_from_the_stored_rows(pair, twins, tmp_path: Path) -> None:
+def test_a_resumed_run_rebuilds_the_cache_from_the_stored_rows(llama_pair, twins, tmp_path: Path) -> None:
     """Interrupted after prompt 'a', the rerun measures 'b' after replaying 'a''s stored output into
     the cache: the same cache, the same row as an uninterrupted run (bar the timings)."""
     specs = parse_strategies(SPECS)
-    whole = run_bench(*pair, twins[:2], specs, settings(), warmup=0, progress=False)
+    whole = run_bench(*llama_pair, twins[:2], specs, settings(), warmup=0, progress=False)
 
     class Crash(Exception):
         pass
@@ -103,10 +97,10 @@ def test_a_resumed_run_rebuilds_the_cache_from_the_stored_rows(pair, twins, tmp_
 
     path = tmp_path / "r.jsonl"
     with pytest.raises(Crash), ResultsWriter(path) as w:
-        run_bench(*pair, twins[:2], specs, settings(), writer=w, warmup=0, on_row=crash_after_a, progress=False)
+        run_bench(*llama_pair, twins[:2], specs, settings(), writer=w, warmup=0, on_row=crash_after_a, progress=False)
     assert len(load_results(path).rows) == 3
     with ResultsWriter(path) as w:
-        again = run_bench(*pair, twins[:2], specs, settings(), writer=w, warmup=1, progress=False)
+        again = run_bench(*llama_pair, twins[:2], specs, settings(), writer=w, warmup=1, progress=False)
     assert again.resumed_rows == 3 and again.new_rows == 3 and again.mismatches == []
     assert [r["key"] for r in again.rows] == [r["key"] for r in whole.rows]
     resumed, fresh = by(again.rows, "cached")["b"], by(whole.rows, "cached")["b"]
@@ -116,7 +110,7 @@ def test_a_resumed_run_rebuilds_the_cache_from_the_stored_rows(pair, twins, tmp_
     assert resumed["output_ids"] == fresh["output_ids"]
 
 
-def test_a_cached_row_has_its_own_key_which_names_the_prompts_before_it(pair, twins) -> None:
+def test_a_cached_row_has_its_own_key_which_names_the_prompts_before_it(llama_pair, twins) -> None:
     plain, cached, bound, off = parse_strategies(
         SPECS + f",dynatree:source=text:text_cache={BENCH_CACHE_TOKENS}@bound,"
                 "dynatree:source=text:text_cache=false@off")[1:]
@@ -124,8 +118,8 @@ def test_a_cached_row_has_its_own_key_which_names_the_prompts_before_it(pair, tw
     assert cached.text_cache == bound.config["text_cache"] == BENCH_CACHE_TOKENS  # true is the default bound
     assert cached.config == bound.config  # so the two spellings share their rows' keys
     assert off.text_cache is None and off.config == plain.config  # false: no cache, the plain row's config
-    forward = run_bench(*pair, twins[:2], parse_strategies(SPECS), settings(), warmup=0, progress=False)
-    backward = run_bench(*pair, twins[1::-1], parse_strategies(SPECS), settings(), warmup=0, progress=False)
+    forward = run_bench(*llama_pair, twins[:2], parse_strategies(SPECS), settings(), warmup=0, progress=False)
+    backward = run_bench(*llama_pair, twins[1::-1], parse_strategies(SPECS), settings(), warmup=0, progress=False)
     keys = {(r["label"], r["prompt_id"]): r["key"] for r in forward.rows}
     keys_back = {(r["label"], r["prompt_id"]): r["key"] for r in backward.rows}
     assert keys[("plain", "a")] != keys[("cached", "a")]  # cached and uncached rows never collide
@@ -157,7 +151,7 @@ def test_text_cache_is_validated_before_anything_runs(tmp_path: Path, monkeypatc
     assert res.exit_code == 2 and "source=model drafts from the model alone" in res.output, res.output
 
 
-def test_the_greedy_check_still_catches_a_cached_row_that_differs(pair, twins, monkeypatch) -> None:
+def test_the_greedy_check_still_catches_a_cached_row_that_differs(llama_pair, twins, monkeypatch) -> None:
     from dynatree.bench import runner as runner_mod
 
     real = runner_mod.run_engine
@@ -170,6 +164,6 @@ def test_the_greedy_check_still_catches_a_cached_row_that_differs(pair, twins, m
                                       m.per_round)
 
     monkeypatch.setattr(runner_mod, "run_engine", broken_cache)
-    out = run_bench(*pair, twins[:2], parse_strategies(SPECS), settings(), warmup=0, progress=False)
+    out = run_bench(*llama_pair, twins[:2], parse_strategies(SPECS), settings(), warmup=0, progress=False)
     assert {(r["label"], r["prompt_id"], r["first_mismatch"]) for r in out.mismatches} == {
         ("cached", "a", 3), ("cached", "b", 3)}

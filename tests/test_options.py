@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import llama_pair
 
 import dynatree
 from dynatree import DynaTreeError, EngineOptions, StoppingConfig
@@ -63,16 +62,11 @@ def test_keywords_and_options_merge_or_conflict() -> None:
         EngineOptions.merge({"engine": "hf"})  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    return llama_pair()
-
-
 IDS = torch.tensor([[5, 6, 7, 8, 9]])
 
 
-def test_generate_takes_options(pair) -> None:
-    target, draft = pair
+def test_generate_takes_options(llama_pair) -> None:
+    target, draft = llama_pair
     run = dict(max_new_tokens=10, stopping=StoppingConfig(eos_token_id=()))
     opts = EngineOptions(engine="static", tree_order="dfs")
     by_options = dynatree.generate(target, draft, IDS, "linear", k=3, options=opts, **run)
@@ -83,11 +77,11 @@ def test_generate_takes_options(pair) -> None:
         dynatree.generate(target, draft, IDS, "linear", options=EngineOptions(tree_order="random"), **run)
 
 
-def test_precompile_refuses_the_hf_engine(pair) -> None:
+def test_precompile_refuses_the_hf_engine(llama_pair) -> None:
     with pytest.raises(DynaTreeError, match="precompile builds the static engine"):
-        dynatree.precompile(*pair, 32, EngineOptions(engine="hf"))
+        dynatree.precompile(*llama_pair, 32, EngineOptions(engine="hf"))
     with pytest.raises(DynaTreeError, match="buckets=\\(1, 2\\) vs options.buckets=None"):
-        dynatree.precompile(*pair, 32, EngineOptions(engine="static"), buckets=[2, 1])
+        dynatree.precompile(*llama_pair, 32, EngineOptions(engine="static"), buckets=[2, 1])
 
 
 def test_a_strategy_string_carries_its_options() -> None:
@@ -104,11 +98,11 @@ def test_a_strategy_string_carries_its_options() -> None:
             make_policy(bad, **({"k": 4} if msg.startswith("both") else {}))
 
 
-def test_precompile_takes_a_text_draft(pair) -> None:
+def test_precompile_takes_a_text_draft(llama_pair) -> None:
     """`dynatree generate --text --compile` precompiles with a TextDraft as its draft (no module)."""
     from dynatree.drafts.suffix import TextDraft
 
-    target, draft = pair
+    target, draft = llama_pair
     opts = EngineOptions(engine="static", buckets=(1, 4))
     dynatree.precompile(target, TextDraft(model=draft), 32, opts)
     dynatree.precompile(target, None, 32, opts)
