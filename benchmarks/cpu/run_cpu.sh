@@ -119,7 +119,17 @@ step_prose_draft() {
   rm -r "$old"
 }
 
-steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks prose_draft"
+# session 13: what a verify pass costs against its rows, three variants of the CPU path (writes verify_rows.json)
+step_verify_rows() {
+  PYTHONPATH=src python $out/verify_rows.py --threads 2 --context 700 --out $out/verify_rows.json
+}
+
+# session 14: KV rows appended in place against HF's concatenation (tried, not shipped; writes kv_append.json)
+step_kv_append() {
+  PYTHONPATH=src python $out/kv_append.py --threads 2 --out $out/kv_append.json
+}
+
+steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks prose_draft verify_rows kv_append"
 for step in ${*:-$steps}; do
   if ! declare -F "step_$step" > /dev/null; then
     echo "unknown step '$step'; steps: $steps" >&2
