@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny import hf_greedy, perturbed, tiny_model
-from tp_worker import NEW, OPTIONS, PROMPT, SAMPLED_OPTIONS, SEED, TEMPERATURE
+from tp_worker import FUSED_STRATEGIES, NEW, OPTIONS, PROMPT, SAMPLED_OPTIONS, SEED, TEMPERATURE, fused_head_run
 
 import dynatree
 from dynatree import EngineOptions, SamplingConfig, StoppingConfig
@@ -103,6 +103,21 @@ def test_tp_refuses_cpu_linear_and_the_mutant_is_caught(tp_results: list[dict], 
     for res in tp_results:
         assert "cpu_linear=True is not supported on a tensor-parallel" in res["cpu_linear_true"]
         assert res["mutant-cpu-linear/autoregressive"] != _reference(unsharded)
+
+
+def test_tp_fused_feature_head_is_exact_and_reads_the_same_features(tp_results: list[dict], unsharded: dict) -> None:
+    """A feature head reading a middle layer of the sharded target: exact, and the same drafts
+    every round as on the unsharded target; a head fed zeros instead drafts differently."""
+    ref = _reference(unsharded)
+    for strategy in FUSED_STRATEGIES:
+        one = fused_head_run(unsharded["target"], strategy)
+        assert one["tokens"] == ref and any(one["drafts"])
+        for res in tp_results:
+            assert res[f"fused-head/{strategy}"] == one, strategy
+    one = fused_head_run(unsharded["target"], "dynatree")
+    for res in tp_results:
+        mutant = res["mutant-zero-features/dynatree"]
+        assert mutant["tokens"] == ref and mutant["drafts"] != one["drafts"]
 
 
 def test_device_map_with_offloaded_layer_is_exact(tmp_path: Path, unsharded: dict) -> None:

@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 
 import torch
+from test_feature_draft import feature_draft
 from tiny import perturbed, tiny_model
 from transformers import AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
 
 import dynatree
 from dynatree import EngineOptions, SamplingConfig, StoppingConfig
-from dynatree.runtime import distributed
+from dynatree.runtime import cache, distributed
 from dynatree.runtime import engines
 from dynatree.runtime.kernels import cpu_linear
 from dynatree.errors import DynaTreeError
@@ -45,6 +46,22 @@ OPTIONS: dict[str, dict] = {
 }
 # Sampled runs (also repeated unsharded by the test): a small threshold tree keeps them quick.
 SAMPLED_OPTIONS = {**OPTIONS, "dyspec-threshold": {"threshold": 0.01, "max_nodes": 24}}
+# The fused feature head (EAGLE-3) reads this decoder layer's output of the (2-layer) target.
+FUSED = (1,)
+FUSED_STRATEGIES = ("linear", "dynatree")
+
+
+def fused_head_run(target: torch.nn.Module, strategy: str) -> dict[str, list[int]]:
+    """A fused feature head (built from the unsharded twin, identically on every rank) drafting for
+    ``target``: its output tokens, and the tokens it drafted each round. Equal drafts sharded and
+    unsharded say the head read the same features of the target (the head is untrained, so its
+    drafts are rarely accepted; what it drafts still depends on every feature it reads)."""
+    head = feature_draft(tiny_model("llama", 0, max_positions=256), layers=FUSED)
+    drafts: list[list[int]] = []
+    out = dynatree.generate(target, head, torch.tensor([PROMPT]), strategy, max_new_tokens=NEW,
+                            stopping=StoppingConfig(eos_token_id=()), on_round=lambda ev: drafts.append(
+                                ev.tree.tokens[1:].tolist()), **OPTIONS[strategy])
+    return {"tokens": out.sequences[0].tolist(), "drafts": drafts}
 
 
 def main(model_dir: str, out_dir: str) -> None:
@@ -71,6 +88,14 @@ def main(model_dir: str, out_dir: str) -> None:
     torch.manual_seed(100 + rank)
     res["unseeded/dyspec"] = run("dyspec")
     res["unseeded-sampled/dyspec"] = run("dyspec", SamplingConfig(temperature=TEMPERATURE))
+    for strategy in FUSED_STRATEGIES:
+        res[f"fused-head/{strategy}"] = fused_head_run(target, strategy)
+    # Mutant: the head reads zeros instead of the target's layer outputs (what a layer read wrong on
+    # a sharded target would amount to). The test requires its drafts to differ.
+    real = cache.CachedModel.forward_features
+    cache.CachedModel.forward_features = lambda self, *a, **k: (lambda h, f: (h, f * 0))(*real(self, *a, **k))
+    res["mutant-zero-features/dynatree"] = fused_head_run(target, "dynatree")
+    cache.CachedModel.forward_features = real
     try:
         run("autoregressive", options=EngineOptions(cpu_linear=True))
         res["cpu_linear_true"] = "accepted"
