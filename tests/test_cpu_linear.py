@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 import dynatree
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.runtime.kernels import cpu_linear
+from dynatree import tuning
+from dynatree.runtime.cache import CachedModel, vocab_size
 from dynatree.runtime.kernels.cpu_linear import MAX_ROWS, SmallBatchLinear
 from tiny import hf_greedy, perturbed, tiny_model
 
@@ -39,9 +41,9 @@ def test_mode_routes_only_few_row_cpu_inference_calls(monkeypatch: pytest.Monkey
     calls: list[int] = []
     real = cpu_linear.small_batch_linear
 
-    def counting(x, w, b=None):
+    def counting(x, w, b=None, packed=False):
         calls.append(x.numel() // x.shape[-1])
-        return real(x, w, b)
+        return real(x, w, b, packed)
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", counting)
     lin = torch.nn.Linear(8, 4)
@@ -61,7 +63,7 @@ def test_engine_uses_the_layout_on_cpu_by_default_and_not_when_off(monkeypatch: 
     ids = torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(3))
     calls: list[int] = []
     real = cpu_linear.small_batch_linear
-    monkeypatch.setattr(cpu_linear, "small_batch_linear", lambda x, w, b=None: calls.append(1) or real(x, w, b))
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", lambda x, w, b=None, packed=False: calls.append(1) or real(x, w, b, packed))
     ref = hf_greedy(target, ids, 24, None)
     for engine in ("hf", "static"):
         calls.clear()
@@ -81,8 +83,8 @@ def test_a_broken_layout_is_caught_by_the_greedy_check(monkeypatch: pytest.Monke
     ids = torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(3))
     real = cpu_linear.small_batch_linear
 
-    def reversed_rows(x, w, b=None):  # rows come back in reverse order: wrong for every tree of 2+ nodes
-        out = real(x, w, b)
+    def reversed_rows(x, w, b=None, packed=False):  # rows come back in reverse order: wrong for every tree of 2+ nodes
+        out = real(x, w, b, packed)
         return out.flip(-2) if out.dim() >= 2 and out.shape[-2] > 1 else out
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", reversed_rows)
@@ -102,3 +104,83 @@ def test_default_is_on_from_two_threads_only(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(engines.torch, "get_num_threads", lambda: 2)
     assert engines.resolve_cpu_linear(model, None) is True
     assert engines.resolve_cpu_linear(model, False) is False
+
+
+# ----------------------------------------------------------------------------- packed weights
+needs_packing = pytest.mark.skipif(not cpu_linear.packing_available(), reason="torch built without oneDNN")
+
+
+@needs_packing
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 70), fan_in=st.integers(1, 48), fan_out=st.integers(1, 48), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_packed_layout_equals_f_linear(rows: int, fan_in: int, fan_out: int, bias: bool, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, rows, fan_in, generator=g)[1]  # (a view: rows of a larger tensor)
+    w = torch.randn(fan_out, fan_in, generator=g)
+    b = torch.randn(fan_out, generator=g) if bias else None
+    want = F.linear(x, w, b)
+    with torch.inference_mode(), SmallBatchLinear(packed=True):
+        got = F.linear(x, w, b)
+    assert got.shape == (rows, fan_out) and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert hasattr(w, cpu_linear._PACKED_ATTR) == (tuning.CPU_PACKED_MIN_ROWS <= rows <= MAX_ROWS)
+
+
+@needs_packing
+def test_a_packed_copy_follows_changes_to_its_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-place change (a fine-tuning step, ``load_state_dict``) must not leave a stale copy;
+    the control, a cache that ignores the weight's version, returns the old product."""
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(6, 16)
+    with torch.inference_mode(), SmallBatchLinear(packed=True):
+        lin(x)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+        want = F.linear(x, lin.weight, lin.bias)  # (outside the mode)
+    with torch.inference_mode(), SmallBatchLinear(packed=True):
+        got = lin(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    stale = getattr(lin.weight, cpu_linear._PACKED_ATTR)[1]
+    with torch.no_grad():
+        lin.weight.mul_(0.5)
+        want = F.linear(x, lin.weight, lin.bias)
+    monkeypatch.setattr(cpu_linear, "packed_weight", lambda weight: stale)  # the control: never repacked
+    with torch.inference_mode(), SmallBatchLinear(packed=True):
+        got = lin(x)
+    assert not torch.allclose(got, want, atol=1e-3)
+
+
+@needs_packing
+def test_packing_only_for_fp32_models_within_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("llama", 0)
+    assert CachedModel(model, vocab_size(model), cpu_linear=True).packed_linear
+    assert not CachedModel(model, vocab_size(model), cpu_linear=False).packed_linear
+    monkeypatch.setattr(tuning, "CPU_PACKED_MAX_BYTES", 1000)  # a model too large for a second copy
+    assert not CachedModel(model, vocab_size(model), cpu_linear=True).packed_linear
+    monkeypatch.undo()
+    half = tiny_model("llama", 0).to(torch.bfloat16)
+    assert not CachedModel(half, vocab_size(half), cpu_linear=True).packed_linear
+
+
+@needs_packing
+@pytest.mark.parametrize("strategy", ["linear", "dynatree", "dyspec"])
+def test_greedy_output_with_packed_weights_equals_hf_greedy(strategy: str) -> None:
+    """The suite's tiny models get packed weights by default; here every verify pass is wide
+    enough to use them (and the draft's wide levels too)."""
+    target = tiny_model("qwen2", 7, layers=3)
+    draft = perturbed(target, 0.05)
+    ids = torch.tensor([[3, 17, 42, 8, 29, 11, 5]])
+    seen: list[int] = []
+    real = cpu_linear.small_batch_linear
+
+    def spy(x, w, b=None, packed=False):
+        if packed and x.numel() // x.shape[-1] >= tuning.CPU_PACKED_MIN_ROWS:
+            seen.append(1)
+        return real(x, w, b, packed)
+
+    opts = {"linear": {"k": 6}, "dynatree": {"max_nodes": 12}, "dyspec": {"max_nodes": 12}}[strategy]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_linear, "small_batch_linear", spy)
+        got = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, **opts)
+    assert seen and torch.equal(got.sequences, hf_greedy(target, ids, 40, None))

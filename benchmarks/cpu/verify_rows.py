@@ -39,8 +39,10 @@ ROW_MAJOR = cpu_linear.small_batch_linear
 VARIANTS = ("before", "row-major", "in place")
 
 
-def transposed_layout(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The layout as it was: the same values, returned as the transposed view of ``W @ x.T``."""
+def transposed_layout(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      packed: bool = False) -> torch.Tensor:
+    """The layout as it was: the same values, returned as the transposed view of ``W @ x.T``
+    (never packed: the variants here predate packed weights)."""
     rows = x.numel() // x.shape[-1]
     flat = x.reshape(rows, x.shape[-1])
     if rows == 1:

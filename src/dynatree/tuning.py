@@ -36,6 +36,13 @@ CPU_LINEAR_MIN_THREADS = 2
 #: Most rows a call may have to take the few-row layout: 64 rows were still faster than
 #: ``F.linear`` on the 2-core EPYC; prefill chunks of 128+ were not.
 CPU_LINEAR_MAX_ROWS = 64
+#: From this many rows the few-row layout multiplies by weights pre-packed for oneDNN: a verify
+#: pass of 8 / 16 / 24 rows then cost 1.39 / 1.77 / 2.13 one-row steps instead of 1.88 / 2.45 /
+#: 3.20, and 4 rows 1.14 instead of 1.24; 1-2 rows were slower packed (benchmarks/cpu/packed_linear.py).
+CPU_PACKED_MIN_ROWS = 4
+#: Packed copies double a model's weight memory, so only models of at most this many bytes of
+#: fp32 weights get them (the embedded pair: 0.54 GB + 0.04 GB).
+CPU_PACKED_MAX_BYTES = 2 * 1024**3
 #: A static-engine prefill runs in chunks of at most this many tokens (larger than the largest
 #: bucket: those chunks run uncompiled, unpadded, instead of one compiled trace per prompt length).
 PREFILL_CHUNK = 256

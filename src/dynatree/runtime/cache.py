@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, St
 from dynatree.runtime import distributed
 from dynatree.runtime.devices import check_compiler
 from dynatree.errors import DynaTreeError
-from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
+from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear, packing_applies
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
 from dynatree.runtime.window import AttentionLayout, attention_layout, layer_masks
 from dynatree.tuning import PREFILL_CHUNK
@@ -109,9 +109,11 @@ class CachedModel:
         self.pos = torch.zeros(0, dtype=torch.long)
         # kernels/cpu_linear.py: few-row linear layers as (W @ x.T).T on CPU; never on sharded weights
         self.cpu_linear = cpu_linear and self.device.type == "cpu" and distributed.layout_allowed(model)
+        # and from a few rows on, weights packed for oneDNN where a second copy of them is affordable
+        self.packed_linear = self.cpu_linear and packing_applies(model)
 
     def _layout(self) -> contextlib.AbstractContextManager:
-        return SmallBatchLinear() if self.cpu_linear else contextlib.nullcontext()
+        return SmallBatchLinear(packed=self.packed_linear) if self.cpu_linear else contextlib.nullcontext()
 
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states (what :class:`~dynatree.core.verify.LazyLogits` calls)."""
