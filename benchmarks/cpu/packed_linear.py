@@ -22,27 +22,18 @@ import torch
 
 import dynatree.runtime.cache as C
 from dynatree.bench.sysinfo import provenance
-from dynatree.core.tree import TreeBuilder
 from dynatree.core.verify import tree_forward
 from dynatree.loading.models import load_model
+from verify_rows import chain  # (this folder: the same chain of verify nodes)
 
 ROWS = (1, 2, 4, 8, 12, 16, 24)
 VARIANTS = ("row-major", "packed")
 
 
-def chain(rows: int) -> object:
-    b = TreeBuilder(5)
-    p = 0
-    for i in range(rows - 1):
-        p = b.add(p, 300 + i, 0.0)
-    return b.freeze()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--context", type=int, default=700)
-    ap.add_argument("--reps", type=int, default=15)
+    for flag, default in (("--threads", 2), ("--context", 700), ("--reps", 15)):
+        ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("packed_linear.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

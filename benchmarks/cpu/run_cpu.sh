@@ -129,7 +129,12 @@ step_kv_append() {
   PYTHONPATH=src python $out/kv_append.py --threads 2 --out $out/kv_append.json
 }
 
-steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks prose_draft verify_rows kv_append"
+# session 14: verify cost against rows with and without weights packed for oneDNN (writes packed_linear.json)
+step_packed_linear() {
+  PYTHONPATH=src python $out/packed_linear.py --threads 2 --context 700 --out $out/packed_linear.json
+}
+
+steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks prose_draft verify_rows kv_append packed_linear"
 for step in ${*:-$steps}; do
   if ! declare -F "step_$step" > /dev/null; then
     echo "unknown step '$step'; steps: $steps" >&2
