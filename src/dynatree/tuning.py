@@ -37,8 +37,9 @@ CPU_LINEAR_MIN_THREADS = 2
 #: ``F.linear`` on the 2-core EPYC; prefill chunks of 128+ were not.
 CPU_LINEAR_MAX_ROWS = 64
 #: From this many rows the few-row layout multiplies by weights pre-packed for oneDNN: a verify
-#: pass of 8 / 16 / 24 rows then cost 1.39 / 1.77 / 2.13 one-row steps instead of 1.88 / 2.45 /
-#: 3.20, and 4 rows 1.14 instead of 1.24; 1-2 rows were slower packed (benchmarks/cpu/packed_linear.py).
+#: pass of 8 / 16 / 24 rows then cost 1.41 / 1.78 / 2.19 one-row steps instead of 1.81 / 2.45 /
+#: 3.04, 4 rows the same 1.29 (``benchmarks/cpu/packed_linear.json``); per matrix, 1-2 rows were
+#: slower packed (``benchmarks/instruct/packed/README.md``).
 CPU_PACKED_MIN_ROWS = 4
 #: Packed copies double a model's weight memory, so only models of at most this many bytes of
 #: fp32 weights get them (the embedded pair: 0.54 GB + 0.04 GB).
@@ -82,7 +83,8 @@ TEXT_MODEL_MIN_GAIN = 0.3
 #: (``benchmarks/instruct/verify-cost/cpu.jsonl``, 2026-11-24, quiet machine): median ``t_verify`` of
 #: the rounds of each tree size over the median one-row round (38.8 ms, 3648 rounds): 2 rows 1.04
 #: (15 rounds), 4 rows 1.22 (1164), 17 rows 2.59 (215); 9 rows from ``benchmarks/cpu/verify_rows.py``
-#: (8 rows 1.80, 12 rows 2.53). Before those two fixes the same tree sizes cost 1.50 / 1.61 / 2.48 (9
+#: (8 rows 1.80, 12 rows 2.53). Measured before verify passes of 4+ rows used packed weights
+#: (``CPU_PACKED_MIN_ROWS``; a 16-row pass fell from 2.45 to 1.78): not yet re-measured. Before those two fixes the same tree sizes cost 1.50 / 1.61 / 2.48 (9
 #: rows) / 2.85: every multi-row call copied the KV cache per query head. CUDA: flat -- on the H200 a
 #: hf-engine verify of a Pythia-2.8B-shaped target costs 1.00-1.03x one step from 1 to 32 rows
 #: (``benchmarks/gpu/h200/costs.md``), so every node of a proposal (path probability >= 0.1) pays

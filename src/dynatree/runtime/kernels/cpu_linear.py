@@ -122,7 +122,6 @@ class SmallBatchLinear(TorchFunctionMode):
             weight = args[1] if len(args) > 1 else kwargs.get("weight")
             if _applies(x, weight, self.max_rows):
                 bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                if self.packed and not torch.compiler.is_compiling():  # (a compiled graph keeps its own)
-                    return small_batch_linear(x, weight, bias, packed=True)
-                return small_batch_linear(x, weight, bias)
+                # (never while compiling: a compiled graph keeps its own weights' layout)
+                return small_batch_linear(x, weight, bias, packed=self.packed and not torch.compiler.is_compiling())
         return func(*args, **kwargs)
