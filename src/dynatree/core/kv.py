@@ -22,6 +22,10 @@ class KVModel(Protocol):
     device: torch.device
     dtype: torch.dtype
     calls: int
+    #: the most rows (tree root included) one verify call can take; None: no limit. The loop
+    #: hands it to every round's tree (:class:`~dynatree.core.tree.TreeBuilder`), so drafting
+    #: policies and sources size their trees to it.
+    max_tree_rows: int | None
 
     @property
     def length(self) -> int: ...

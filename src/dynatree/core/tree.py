@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dynatree.errors import DynaTreeError
+
 
 @dataclass(frozen=True)
 class TokenTree:
@@ -62,7 +64,14 @@ class TreeBuilder:
     tensor appends would cost more than the arithmetic they store.
     """
 
-    def __init__(self, root_token: int) -> None:
+    def __init__(self, root_token: int, max_rows: int | None = None) -> None:
+        """``max_rows``: the most rows (root included) the engine can verify in one call (the
+        static engine's largest bucket; None: no limit). Every policy and source sizes its tree
+        with :meth:`cap`, so a default budget larger than the engine's bucket shrinks to it instead
+        of failing mid-round; :meth:`add` refuses past it (a policy that ignored :meth:`cap`)."""
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.max_rows = max_rows
         self.tokens: list[int] = [int(root_token)]
         self.parent: list[int] = [-1]
         self.depth: list[int] = [0]
@@ -73,8 +82,15 @@ class TreeBuilder:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def cap(self, nodes: int) -> int:
+        """A drafted-node budget of ``nodes`` limited to what the engine can verify."""
+        return nodes if self.max_rows is None else min(nodes, self.max_rows - 1)
+
     def add(self, parent: int, token: int, logq: float) -> int:
         """Append a child of ``parent``; returns the new node's index."""
+        if self.max_rows is not None and len(self.tokens) >= self.max_rows:
+            raise DynaTreeError(f"tree of more than {self.max_rows} rows: the engine verifies at most {self.max_rows} "
+                                "(a drafting policy must size its tree with TreeBuilder.cap)")
         self.tokens.append(int(token))
         self.parent.append(int(parent))
         self.depth.append(self.depth[parent] + 1)

@@ -38,7 +38,6 @@ import torch
 from dynatree.core.costmodel import CostProfile, choose_budget
 from dynatree.core.draft_source import DraftSource, SourceContext
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
-from dynatree.runtime.cache import StaticCachedModel
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
 from dynatree.drafts.model_gate import ModelGate
@@ -197,7 +196,7 @@ class SuffixDraft(DraftSource):
         self.text.start(list(prompt))
 
     def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
-        proposal = self._proposal = self.text.propose(self.config.budget)
+        proposal = self._proposal = self.text.propose(builder.cap(self.config.budget))
         if self.cost is not None:
             proposal = trim(proposal, self.cost, rate=self.acceptance.rate)
         proposal.add_to(builder)
@@ -233,14 +232,10 @@ class HybridDraft(DraftSource):
     @classmethod
     def open(cls, draft: Any, context: SourceContext) -> "HybridDraft":
         model = FeatureDrafter if FeatureDrafter.accepts(draft.model) else Drafter  # the model part's own source
-        rows = None  # the static engine's largest bucket caps what the text may add to the tree
-        if context.options.engine == "static":
-            rows = (context.options.buckets or StaticCachedModel.BUCKETS)[-1]
-        return cls(draft, model.open(draft.model, context), rows, draft.cost_curve(context.target_kv.device.type))
+        return cls(draft, model.open(draft.model, context), draft.cost_curve(context.target_kv.device.type))
 
-    def __init__(self, config: TextDraft, model: DraftSource, max_rows: int | None = None,
-                 cost: CostProfile | None = None) -> None:
-        self.config, self.model, self.max_rows = config, model, max_rows
+    def __init__(self, config: TextDraft, model: DraftSource, cost: CostProfile | None = None) -> None:
+        self.config, self.model = config, model
         self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
         self.wants_features = model.wants_features  # type: ignore[misc]
         self.feature_layers = model.feature_layers
@@ -267,7 +262,7 @@ class HybridDraft(DraftSource):
         self.model.prefill(prompt, features)
 
     def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
-        proposal = self._proposal = self.text.propose(self.config.budget)
+        proposal = self._proposal = self.text.propose(builder.cap(self.config.budget))
         # The raw score decides whether the model sits out, not the calibrated one: on a CPU the
         # cut then turns a confident-looking but refused text into a plain step, where the
         # calibrated score called the model instead (chat, 128 tokens, real pair: model rounds
@@ -277,9 +272,10 @@ class HybridDraft(DraftSource):
         rate = self.acceptance.rate
         if self._called:  # the text is unsure: the model drafts, the text joins in
             self.model.draft(builder, policy)
+            # the engine's largest verify call (the static engine's largest bucket) caps the merge
             if self.cost is not None:
-                proposal = trim_merged(builder, proposal, self.cost, self.max_rows, rate)
-            merge(builder, proposal, self.max_rows)
+                proposal = trim_merged(builder, proposal, self.cost, builder.max_rows, rate)
+            merge(builder, proposal, builder.max_rows)
             self._merged = proposal
         else:
             if self.cost is not None:

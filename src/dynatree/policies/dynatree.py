@@ -178,7 +178,7 @@ class DynaTree(DraftPolicy):
 
     def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         cfg = self.config
-        budget = self._budget(root_logits.device.type)
+        budget = tree.cap(self._budget(root_logits.device.type))  # (the engine's largest verify call)
         costed = cfg.max_nodes is None and self.cost_profile is not None
         logp = torch.log_softmax(root_logits, -1)
         root_b = self.breadth(float(logp.max().exp())) if cfg.root_branching else 1

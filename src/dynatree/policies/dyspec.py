@@ -116,7 +116,7 @@ class DySpec(SampledTreePolicy):
 
     def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         sampler = self._start()
-        budget = self.config.max_nodes
+        budget = tree.cap(self.config.max_nodes)  # (the engine's largest verify call may be smaller)
         dist: dict[int, torch.Tensor] = {0: sampler.probs(root_logits)}  # node -> its draft distribution
         order = itertools.count()  # FIFO among equal values
         # (-value, order, node, residual); residual None = the node's first sampling, from dist[node]

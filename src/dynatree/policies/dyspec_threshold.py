@@ -50,7 +50,7 @@ class DySpecThreshold(SampledTreePolicy):
 
     def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         sampler = self._start()
-        t, cap = self.config.threshold, self.config.max_nodes
+        t, cap = self.config.threshold, tree.cap(self.config.max_nodes)  # (and the engine's largest call)
         leaves: list[tuple[int, float]] = [(0, 1.0)]  # (node, value) of the current layer
         while leaves and len(tree) - 1 < cap:
             # Each expanded leaf adds at least one child, so leaves past the remaining room are not run.

@@ -51,12 +51,13 @@ class FixedTree(DraftPolicy):
 
     def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         cfg = self.config
+        budget = tree.cap(cfg.max_nodes)  # (the engine's largest verify call may be smaller)
         log_tau = math.log(cfg.tau) if cfg.tau > 0 else -math.inf
         drop = log_tau if cfg.prune == "drop" else None
         logp = torch.log_softmax(root_logits, -1)
-        frontier = add_top_children(tree, 0, logp, cfg.branch if cfg.root_branching else 1, cfg.max_nodes, drop)
+        frontier = add_top_children(tree, 0, logp, cfg.branch if cfg.root_branching else 1, budget, drop)
         for _ in range(cfg.depth):
-            room = cfg.max_nodes - (len(tree) - 1)
+            room = budget - (len(tree) - 1)
             # Nodes past the remaining budget could not receive a child: do not pay for them.
             expand = [u for u in frontier if tree.cum_logq[u] >= log_tau][:room]
             if not expand:
@@ -64,7 +65,7 @@ class FixedTree(DraftPolicy):
             logits = drafter.forward(expand)
             frontier = []
             for u, row in zip(expand, torch.log_softmax(logits, -1)):
-                frontier += add_top_children(tree, u, row, cfg.branch, cfg.max_nodes, drop)
+                frontier += add_top_children(tree, u, row, cfg.branch, budget, drop)
 
     def max_depth(self) -> int:
         return self.config.depth + 1

@@ -29,11 +29,11 @@ class Linear(DraftPolicy):
 
     def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         logp = torch.log_softmax(root_logits, -1)
-        node = 0
-        for i in range(self.config.k):
+        node, k = 0, tree.cap(self.config.k)  # (the engine's largest verify call may be shorter)
+        for i in range(k):
             tok = int(logp.argmax())
             node = tree.add(node, tok, float(logp[tok]))
-            if i + 1 < self.config.k:  # the last token's own prediction is never needed
+            if i + 1 < k:  # the last token's own prediction is never needed
                 logp = torch.log_softmax(drafter.forward([node])[0], -1)
 
     def max_depth(self) -> int:

@@ -96,6 +96,7 @@ class CachedModel:
     """
 
     engine = "hf"
+    max_tree_rows: int | None = None  # (any tree: the dynamic cache grows)
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, cpu_linear: bool = False) -> None:
         param = next(model.parameters())
@@ -251,6 +252,7 @@ class StaticCachedModel(CachedModel):
     ) -> None:
         super().__init__(model, vocab_size, cpu_linear)
         self.buckets = tuple(sorted(buckets)) if buckets else self.BUCKETS
+        self.max_tree_rows = self.buckets[-1]  # a verify call takes at most the largest bucket
         self.capacity = capacity + self.buckets[-1]  # room for the padding of the last call
         self.cache = StaticCache(config=model.config, max_cache_len=self.capacity)
         if self.layout is not None:  # full-length rows; the mask applies the window (see dynatree.runtime.window)

@@ -97,35 +97,45 @@ def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
     return bool(cpu_linear)
 
 
-_STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, CacheOptions], StaticCachedModel]]" = (
+#: The static engine's pool: per model, per (role, vocabulary, cache options). The role keeps the
+#: target's cache and a draft's apart when one model is both (the target passed as its own draft):
+#: keyed on the model alone, both would get the same object once their rounded capacities agree,
+#: and the draft's prefill would write into the target's cache.
+_STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[str, int, CacheOptions], StaticCachedModel]]" = (
     weakref.WeakKeyDictionary())
+
+ROLES = ("target", "draft")
 
 
 def cached_target(target: torch.nn.Module, vocab: int, options: EngineOptions, rows: int) -> CachedModel:
     """The target's model+cache for runs of up to ``rows`` tokens under resolved ``options``, plus
     room for one tree of the largest bucket."""
     cache = options.cache_options(next(target.parameters()).device.type)
-    return cached_model(target, vocab, options.engine, rows + StaticCachedModel.BUCKETS[-1], cache)
+    return cached_model(target, vocab, options.engine, rows + StaticCachedModel.BUCKETS[-1], cache, role="target")
 
 
-def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, cache: CacheOptions) -> CachedModel:
-    """A fresh model+cache for one generation; static ones are pooled per model.
+def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, cache: CacheOptions,
+                 role: str = "draft") -> CachedModel:
+    """A fresh model+cache for one generation; static ones are pooled per model and ``role``
+    (``"target"`` or ``"draft"``: one model serving as both gets two caches).
 
     Compiled graphs are tied to the static cache's storage, so reusing the same object across
     calls (reset to length 0) is what makes the second call run without recompiling.
     """
+    if role not in ROLES:
+        raise DynaTreeError(f"role must be one of {ROLES}, got {role!r}")
     if engine == "hf":
         return CachedModel(model, vocab, cpu_linear=cache.cpu_linear)
     # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
     capacity = max(256, 1 << (capacity - 1).bit_length())
     pool = _STATIC.setdefault(model, {})
-    kv = pool.get((vocab, cache))
+    kv = pool.get((role, vocab, cache))
     if kv is None or kv.capacity - kv.buckets[-1] < capacity:
         if cache.compile:
             notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per process (can take "
                    "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
         kv = StaticCachedModel(model, vocab, capacity, **dataclasses.asdict(cache))
-        pool[(vocab, cache)] = kv
+        pool[(role, vocab, cache)] = kv
     kv.reset()
     return kv
 

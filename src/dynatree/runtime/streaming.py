@@ -136,6 +136,7 @@ class StreamingKV:
 
     # --------------------------------------------------------------- CachedModel interface
     engine = "hf"
+    max_tree_rows: int | None = None
 
     @property
     def length(self) -> int:
