@@ -152,6 +152,29 @@ def test_a_packed_copy_follows_changes_to_its_weight(monkeypatch: pytest.MonkeyP
 
 
 @needs_packing
+def test_a_weight_made_in_inference_mode_is_never_packed_stale() -> None:
+    """Inference tensors have no version counter: an in-place change to one (new weights copied in
+    under ``torch.inference_mode()``, as an RL loop does between calls) cannot be detected, so such
+    a weight is never packed and every call reads its current values."""
+    with torch.inference_mode():
+        lin = torch.nn.Linear(16, 8)
+        x = torch.randn(6, 16)
+        with SmallBatchLinear(packed=True):
+            lin(x)
+        lin.weight.copy_(lin.weight * 2.0)
+        want = x @ lin.weight.t() + lin.bias
+        with SmallBatchLinear(packed=True):
+            got = lin(x)
+    assert lin.weight.is_inference()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    model = tiny_model("llama", 0)
+    with torch.inference_mode():
+        frozen = tiny_model("llama", 0)
+    assert CachedModel(model, vocab_size(model), cpu_linear=True).packed_linear
+    assert not CachedModel(frozen, vocab_size(frozen), cpu_linear=True).packed_linear
+
+
+@needs_packing
 def test_packing_only_for_fp32_models_within_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model("llama", 0)
     assert CachedModel(model, vocab_size(model), cpu_linear=True).packed_linear

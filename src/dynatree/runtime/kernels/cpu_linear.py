@@ -58,17 +58,15 @@ def packing_applies(model: torch.nn.Module) -> bool:
     an fp32 model small enough that a second copy of its weights is affordable."""
     params = list(model.parameters())
     return bool(params) and packing_available() and all(p.dtype == torch.float32 for p in params) \
+        and not any(p.is_inference() for p in params) \
         and sum(p.numel() * p.element_size() for p in params) <= tuning.CPU_PACKED_MAX_BYTES
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` packed for oneDNN, made on first use and remade when the weight's storage or
-    version (an in-place change) differs from the packed copy's."""
-    try:
-        version = weight._version
-    except RuntimeError:  # an inference-mode tensor has no version counter: storage only
-        version = -1
-    key = (weight.data_ptr(), version)
+    version (an in-place change, also one made under ``torch.inference_mode()``) differs from the
+    packed copy's. Never called for an inference tensor (see :func:`small_batch_linear`)."""
+    key = (weight.data_ptr(), weight._version)
     hit = getattr(weight, _PACKED_ATTR, None)
     if hit is None or hit[0] != key:
         hit = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
@@ -85,7 +83,11 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     """
     rows = x.numel() // x.shape[-1]
     flat = x.reshape(rows, x.shape[-1])
-    if packed and rows >= tuning.CPU_PACKED_MIN_ROWS and x.dtype == weight.dtype == torch.float32:
+    # An inference tensor (a weight created under torch.inference_mode()) has no version counter, so
+    # an in-place change to it (an RL loop copying new weights in) could not be told from the packed
+    # copy's: such weights keep the row-major layout, which reads the weight itself every call.
+    if packed and rows >= tuning.CPU_PACKED_MIN_ROWS and x.dtype == weight.dtype == torch.float32 \
+            and not weight.is_inference():
         out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), packed_weight(weight), bias, "none", [], "")
         return out.reshape(*x.shape[:-1], weight.shape[0])
     if rows == 1:  # a real copy: a stride-0 (expanded) operand would make torch.mm copy into the slow layout
