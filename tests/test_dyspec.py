@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 from tiny import perturbed, tiny_model
+from tolerances import KERNEL_REL, sum_rel
 
 from dynatree.runtime.cache import CachedModel
 from dynatree.drafts.model import Drafter
@@ -112,7 +113,7 @@ def assert_same_tree(tree: TokenTree, values: list[float], ref) -> None:
     tokens, parent, ref_values = ref
     assert tree.tokens.tolist() == tokens
     assert tree.parent.tolist() == parent
-    assert values == pytest.approx(ref_values, rel=1e-4, abs=1e-9)
+    assert values == pytest.approx(ref_values, rel=KERNEL_REL, abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -125,7 +126,9 @@ def test_heap_equals_slow_reference_in_both_modes(draft: torch.nn.Module, budget
         tree, calls[mode] = build(policy, draft, seed)
         assert_same_tree(tree, policy.values, ref)
         assert tree.num_drafted == budget  # a softmax has full support: the budget always binds
-        assert policy.state()["expected_accept"] == pytest.approx(sum(ref[2]))
+        # the policy's sum of its own values against the sum of the reference's: both sides' terms
+        # carry the kernels' difference (KERNEL_REL), which a sum of positive terms does not grow
+        assert policy.state()["expected_accept"] == pytest.approx(sum(ref[2]), rel=KERNEL_REL)
     assert calls["batch"] <= calls["per_node"]
 
 
@@ -153,7 +156,7 @@ def test_heap_values_residuals_and_siblings(draft: torch.nn.Module) -> None:
         assert len(set(toks)) == len(toks), "siblings are sampled without replacement"
         if kids:
             q = tree.child_q[node]
-            assert q is not None and float(q.sum()) == pytest.approx(1.0)
+            assert q is not None and float(q.sum()) == pytest.approx(1.0, rel=sum_rel(q.numel()))
             # each child's logq is its probability under the distribution its parent sampled from
             assert tree.logq[kids].tolist() == pytest.approx(q[toks].log().tolist(), rel=1e-5)
 
