@@ -253,6 +253,25 @@ def _unique(items: Iterable[str]) -> Iterator[str]:
             yield item
 
 
+def check_prompt_set(name: str, num_prompts: int | None = None) -> None:
+    """Refuse a prompt set that is neither a named set nor a readable prompt file, without a
+    tokenizer: the CLI asks before it loads a model (seconds), which the prompts' tokens need. A
+    file is read (it is small), so one that is not UTF-8 text, or has fewer than ``num_prompts``
+    prompts, is refused then too."""
+    if name not in PROMPT_SETS and not instruct.is_instruct_set(name):
+        prompts = _read_local(_prompt_file(name))
+        if num_prompts is not None and len(prompts) < num_prompts:
+            raise DynaTreeError(f"'{name}' has only {len(prompts)} prompts, {num_prompts} requested")
+
+
+def _prompt_file(name: str) -> Path:
+    """The local file a prompt set name that is no named set points to (refused when there is none)."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise DynaTreeError(f"unknown prompt set '{name}': use one of {', '.join(PROMPT_SETS)} or a .txt/.jsonl file")
+    return path
+
+
 def load_prompts(
     name: str,
     tokenizer: PreTrainedTokenizerBase,
@@ -276,12 +295,8 @@ def load_prompts(
         # Versions of one licence share whole paragraphs; a repeated prompt would only be weighted twice.
         prompts = list(itertools.islice(_unique(passages), num_prompts))
     else:
-        path = Path(name).expanduser()
-        if not path.exists():
-            raise DynaTreeError(
-                f"unknown prompt set '{name}': use one of {', '.join(PROMPT_SETS)} or a .txt/.jsonl file"
-            )
-        prompts = [cut_to_tokens(text, tokenizer, max_prompt_tokens) for text in _read_local(path)[:num_prompts]]
+        texts = _read_local(_prompt_file(name))[:num_prompts]
+        prompts = [cut_to_tokens(text, tokenizer, max_prompt_tokens) for text in texts]
     if len(prompts) < num_prompts:
         raise DynaTreeError(f"'{name}' has only {len(prompts)} prompts, {num_prompts} requested")
     return prompts

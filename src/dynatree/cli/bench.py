@@ -7,6 +7,7 @@ completed rows on disk, and running the same command again continues where it st
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -75,15 +76,35 @@ class RunArgs:
     progress: Annotated[bool, Opt(help="Show a progress bar.")] = True
 
 
+def _check_run(run: RunArgs, new_tokens: bool = True) -> None:
+    """Refuse what bench and sweep would refuse only after loading the models (seconds; the
+    prompts' tokens need the tokenizer): counts out of range and a prompt set that is not there.
+    ``new_tokens``: whether ``--max-new-tokens`` is used (sweep's ``--lengths`` replace it)."""
+    from dynatree.bench.datasets import check_prompt_set
+
+    if new_tokens and run.max_new_tokens < 1:
+        raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {run.max_new_tokens}")
+    for flag, value in (("--num-prompts", run.num_prompts), ("--max-prompt-tokens", run.max_prompt_tokens)):
+        if value < 1:
+            raise DynaTreeError(f"{flag} must be at least 1, got {value}")
+    if run.warmup < 0:
+        raise DynaTreeError(f"--warmup must be >= 0, got {run.warmup}")
+    if run.warmup_tokens < 0:
+        raise DynaTreeError(f"--warmup-tokens must be >= 0 (0: as many as --max-new-tokens), got {run.warmup_tokens}")
+    check_prompt_set(run.dataset, run.num_prompts)
+
+
 def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
             ) -> tuple[torch.nn.Module, torch.nn.Module | None, Any, str | None]:
     from dynatree.loading import models
 
     torch_dtype = models.parse_dtype(dtype)
+    draft_name = DEFAULT_DRAFT if draft == "default" else draft
+    if needs_draft and draft != "none":  # a draft name that names nothing: refused before the target loads
+        models.check_draft_spec(draft_name)
     tmodel, tokenizer = models.load_model(target, dtype=torch_dtype, device=device)
     if not needs_draft or draft == "none":
         return tmodel, None, tokenizer, None
-    draft_name = DEFAULT_DRAFT if draft == "default" else draft
     dmodel = models.resolve_draft(draft_name, tmodel, dtype=torch_dtype, device=device, tokenizer=tokenizer)
     return tmodel, dmodel, tokenizer, draft_name
 
@@ -217,6 +238,11 @@ def bench(
     for s in specs:
         if s.name not in HF_NAMES:
             s.engine_options(options)  # refuses compile=true on an hf spec
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise DynaTreeError(f"--temperature must be a finite number >= 0, got {temperature}")
+    _check_run(run)
+    if run.draft == "none":  # hf-assisted needs a draft model: refused (or dropped) before loading the target
+        specs = _drop_unsupported_hf(specs, None, explicit=strategies != DEFAULT_STRATEGIES)
     needs_draft = any(s.uses_draft for s in specs)
     device, output, progress = run.device, run.output, run.progress
     if tp:
@@ -231,8 +257,6 @@ def bench(
         tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, device, needs_draft)
     specs = _drop_unsupported_hf(specs, dmodel, explicit=strategies != DEFAULT_STRATEGIES)
     prompts = _prompts(run, tok)
-    if temperature < 0:
-        raise DynaTreeError(f"--temperature must be >= 0, got {temperature}")
     if temperature > 0 or options.kv_window is not None:
         specs = [s for s in specs if s.name not in HF_NAMES]  # greedy, full-cache runs only
     settings = _settings(run, engine, draft_name, device, run.max_new_tokens, temperature)
@@ -274,9 +298,13 @@ def sweep(
     axes = dict(parse_axis(g) for g in grid)
     sweep_grid = SweepGrid(base.name, axes, base=base.options)
     base_specs = parse_strategies(baselines)
-    T = [int(t) for t in lengths.split(",") if t.strip()] if lengths else [run.max_new_tokens]
-    if any(t < 1 for t in T):
+    try:
+        T = [int(t) for t in lengths.split(",") if t.strip()] if lengths else [run.max_new_tokens]
+    except ValueError:
+        raise DynaTreeError(f"--lengths must be comma-separated positive integers, got {lengths!r}") from None
+    if lengths and (not T or any(t < 1 for t in T)):
         raise DynaTreeError(f"--lengths must be positive integers, got {lengths}")
+    _check_run(run, new_tokens=not lengths)
     tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, run.device, True)
     base_specs = _drop_unsupported_hf(base_specs, dmodel, explicit=True)
     prompts = _prompts(run, tok)

@@ -40,6 +40,8 @@ def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str
     ``cache``: a cross-request ``SuffixCache`` for the text source."""
     from dynatree.loading import models
 
+    if uses_draft and draft != "none":  # a draft name that names nothing: refused before the target loads
+        models.check_draft_spec(DEFAULT_DRAFT if draft == "default" else draft)
     tmodel, tok = models.load_model(target, dtype=dtype, device=device)
     if not uses_draft:
         return tmodel, None, tok
@@ -54,6 +56,17 @@ def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str
 
         dmodel = TextDraft(model=dmodel, cache=cache)
     return tmodel, dmodel, tok
+
+
+def _check_output_file(path: str, what: str) -> None:
+    """Refuse a file a command writes only at its end (``--trace``) before anything is loaded or
+    run: its folder must exist and the path must not be a folder. Found at the end, such a typo
+    costs the whole run and ends in a raw FileNotFoundError or IsADirectoryError."""
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise DynaTreeError(f"{what} {path} is a folder: give the path of a file to write")
+    if not out.parent.is_dir():
+        raise DynaTreeError(f"{what} {path}: the folder {out.parent} does not exist")
 
 
 DRAFT_HELP = (f"Draft model: 'default' ({DEFAULT_DRAFT}), a preset, an HF id, a local path, early-exit:K, or "
@@ -93,7 +106,7 @@ def generate(
 
     from dynatree.loading import models
     from dynatree.runtime.devices import check_device
-    from dynatree.core.sampling import SamplingConfig
+    from dynatree.core.sampling import SamplingConfig, make_generator
     from dynatree.loop.generate import check_positions, generate as run
     from dynatree.loop.precompile import precompile
     from dynatree.runtime.engines import resolve as resolve_options
@@ -106,6 +119,10 @@ def generate(
     if max_new_tokens < 1:
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))  # fail fast, before loading models
+    sampling = SamplingConfig(temperature, top_k, top_p, draft_temperature)  # refused now, not after loading
+    make_generator(seed, None)  # (refuses a bad --seed)
+    if trace is not None:
+        _check_output_file(trace, "--trace")
     torch_dtype = models.parse_dtype(dtype)
     if tp:  # target sharded over the torchrun processes, draft replicated (dynatree.runtime.distributed)
         from dynatree.loading.tp import load_tp_pair
@@ -130,7 +147,7 @@ def generate(
         check_positions(prompt_tokens, max_new_tokens, policy, tmodel, dmodel, truncate_prompt)
     common = dict(max_new_tokens=max_new_tokens, stopping=StoppingConfig(eos_token_id=eos),
                   truncate_prompt=truncate_prompt, allow_vocab_mismatch=allow_vocab_mismatch, seed=seed,
-                  sampling=SamplingConfig(temperature, top_k, top_p, draft_temperature), options=options)
+                  sampling=sampling, options=options)
     if options.compile and options.engine == "static":  # every graph first: neither run's speed includes compiling
         precompile(tmodel, dmodel, prompt_tokens + max_new_tokens, options)
     main = rank() == 0  # under torchrun every rank runs the same (collective) decoding; one prints
@@ -195,7 +212,7 @@ def chat_command(
     """Chat in the terminal: replies stream as rounds commit; a status line gives each turn's speed
     and tokens per round. /reset forgets the conversation, /exit (or Ctrl-D) quits."""
     from dynatree.loading import models
-    from dynatree.core.sampling import SamplingConfig
+    from dynatree.core.sampling import SamplingConfig, make_generator
     from dynatree.integrations.chat import ChatSession, status_line
     from dynatree.policies import make_policy
 
@@ -203,6 +220,8 @@ def chat_command(
     if max_new_tokens < 1:
         raise DynaTreeError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
     policy = make_policy(strategy, **parse_options(option))
+    sampling = SamplingConfig(temperature, top_k, top_p)  # refused now, not after loading the models
+    make_generator(seed, None)  # (refuses a bad --seed)
     torch_dtype = models.parse_dtype(dtype)
     from dynatree.drafts.suffix_index import SuffixCache
 
@@ -211,7 +230,7 @@ def chat_command(
     if not getattr(tok, "chat_template", None):
         raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
-                          sampling=SamplingConfig(temperature, top_k, top_p), seed=seed, options=options)
+                          sampling=sampling, seed=seed, options=options)
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
     if isinstance(sys.stdin, io.TextIOWrapper):  # undecodable bytes reach check_utf8, not a traceback
         sys.stdin.reconfigure(errors="surrogateescape")

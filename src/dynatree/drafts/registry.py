@@ -14,6 +14,7 @@ from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
 from dynatree.drafts.suffix import HybridDraft, SuffixDraft
 from dynatree.errors import DynaTreeError
+from dynatree.runtime.inputs import check_causal_lm
 
 SOURCES: list[type[DraftSource]] = [SuffixDraft, HybridDraft, FeatureDrafter, Drafter]
 
@@ -28,9 +29,13 @@ def register(source: type[DraftSource]) -> type[DraftSource]:
 
 
 def source_for(draft: Any) -> type[DraftSource]:
-    """The source class for ``draft`` (refused with one line when none takes it)."""
+    """The source class for ``draft`` (refused with one line when none takes it, or when a model it
+    would run is not a causal LM: an encoder-decoder or a masked LM fails deep inside its first
+    call, or runs and drafts tokens from both directions)."""
     for source in SOURCES:
         if source.accepts(draft):
+            for model in source.models(draft):
+                check_causal_lm(model, "draft")
             return source
     kinds = ", ".join(s.name for s in SOURCES)
     raise DynaTreeError(f"no draft source takes a draft of type {type(draft).__name__} (sources: {kinds})")

@@ -38,6 +38,7 @@ from dynatree.loop.flat_keywords import ENGINE
 from dynatree.loop.generate import generate as _engine_generate
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.errors import DynaTreeError
+from dynatree.runtime.inputs import check_causal_lm
 from dynatree.policies import DraftPolicy
 from dynatree.core.stats import GenerationStats, RoundEvent
 
@@ -149,7 +150,10 @@ def generate(
             "dynatree.generate directly")
 
     # Raw generate() arguments (the custom_generate/ folder, or a direct call): let HF prepare them,
-    # with a closure that keeps what its callable path would drop.
+    # with a closure that keeps what its callable path would drop. The models' kinds and the ids'
+    # form first: HF's preparation runs an encoder-decoder's encoder, and meets a list of ids with
+    # an AttributeError.
+    _front_door(model, assistant_model, inputs if inputs is not None else kwargs.get("input_ids"))
     if isinstance(stop_strings, str):
         stop_strings = [stop_strings]
 
@@ -163,6 +167,21 @@ def generate(
         synced_gpus, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
         negative_prompt_attention_mask=negative_prompt_attention_mask, custom_generate=decode, **kwargs,
     )
+
+
+def _front_door(model: Any, assistant_model: Any, ids: Any) -> None:
+    """What a direct call is refused for before HF prepares anything: a target or assistant_model
+    that is not a causal LM, and ids that are not HF's ``[batch, length]`` tensor (their values are
+    the engine's to check, :func:`dynatree.runtime.inputs.prompt_ids`, still before any model call)."""
+    check_causal_lm(model, "target")
+    if assistant_model is not None:
+        check_causal_lm(assistant_model, "assistant_model")
+    if ids is not None and not isinstance(ids, torch.Tensor):
+        raise DynaTreeError(f"inputs must be a [1, L] tensor of token ids, as for HF's generate, got a "
+                            f"{type(ids).__name__}")
+    if isinstance(ids, torch.Tensor) and ids.dim() != 2:
+        raise DynaTreeError(f"inputs must be [1, L] (batch, length), as for HF's generate, got shape "
+                            f"{tuple(ids.shape)}")
 
 
 def _calling_generate(model: Any) -> dict[str, Any] | None:
@@ -203,6 +222,8 @@ def _run(
 ) -> torch.LongTensor | DynaTreeGenerateOutput:
     """The prepared call: refuse what the engine cannot reproduce, run it, shape the result as HF."""
     _refuse_unsupported(model, input_ids, config, processors, criteria, model_kwargs)
+    if draft is not None:
+        check_causal_lm(draft, "assistant_model")
     # No assistant_model: the engine drafts from the text itself (prompt and output so far).
     if stop_strings and tokenizer is None:
         raise DynaTreeError("stop_strings need a tokenizer, and transformers does not pass tokenizer= on to a "
@@ -240,8 +261,7 @@ def _run(
 def _refuse_unsupported(model: Any, input_ids: torch.Tensor, config: GenerationConfig, processors: Any,
                         criteria: Any, model_kwargs: dict[str, Any]) -> None:
     """One clear line for anything whose output the engine would not reproduce exactly."""
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise DynaTreeError("encoder-decoder models are not supported by dynatree (decoder-only causal LMs only)")
+    check_causal_lm(model, "target")
     checks = [
         ((config.num_beams or 1) > 1, f"beam search (num_beams={config.num_beams})"),
         ((config.num_return_sequences or 1) > 1, f"num_return_sequences={config.num_return_sequences}"),

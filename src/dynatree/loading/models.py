@@ -281,12 +281,7 @@ def resolve_draft(
     unless ``allow_vocab_mismatch``.
     """
     if spec.startswith(EARLY_EXIT_PREFIX):
-        depth = spec[len(EARLY_EXIT_PREFIX):]
-        if not depth.isdigit():
-            raise DynaTreeError(
-                f"bad draft spec '{spec}': expected early-exit:K with K a layer count, e.g. early-exit:8"
-            )
-        return make_early_exit_draft(target, int(depth))
+        return make_early_exit_draft(target, _early_exit_depth(spec))
     if spec in SHIPPED_DRAFTS:
         return _load_distilled_draft(target, SHIPPED_DRAFTS[spec])
     if _is_distilled_folder(spec):  # what `dynatree distill` writes (OUT/final)
@@ -302,6 +297,25 @@ def resolve_draft(
     if tokenizer is not None:
         check_compatible((target, tokenizer), (model, draft_tokenizer), allow_vocab_mismatch=allow_vocab_mismatch)
     return model
+
+
+def check_draft_spec(spec: str) -> None:
+    """Refuse a ``--draft`` spec that names nothing a draft can be made from, before the target is
+    loaded (seconds) rather than after: a malformed ``early-exit:K``, or a name that is neither a
+    shipped draft, a distilled or model folder, a preset, a .gguf file nor a hub id. What needs the
+    target (K's range, whether the folder's model fits) is checked when the draft is made."""
+    if spec.startswith(EARLY_EXIT_PREFIX):
+        _early_exit_depth(spec)
+    elif spec not in SHIPPED_DRAFTS and not _is_distilled_folder(spec):
+        _resolve(spec)
+
+
+def _early_exit_depth(spec: str) -> int:
+    """K of an ``early-exit:K`` spec."""
+    depth = spec[len(EARLY_EXIT_PREFIX):]
+    if not depth.isdigit():
+        raise DynaTreeError(f"bad draft spec '{spec}': expected early-exit:K with K a layer count, e.g. early-exit:8")
+    return int(depth)
 
 
 def _is_distilled_folder(spec: str) -> bool:

@@ -1,0 +1,128 @@
+"""The library's front door: what :func:`dynatree.generate` and the HF entry check about the models
+and the prompt before any model runs.
+
+Why this exists: a model or a prompt of the wrong kind otherwise fails deep inside a forward, in a
+message that names neither the argument nor the fix (an encoder-decoder target ends in "You must
+specify exactly one of input_ids or inputs_embeds", a ragged list of ids in "expected sequence of
+length 3 at dim 1"), or, worse, it runs: a masked LM attends in both directions, so its "greedy
+output" is no causal model's, and a bool tensor is read as the token ids 0 and 1. Each of these
+is a :class:`~dynatree.errors.DynaTreeError` with one line here, raised before any model call.
+
+Lives in :mod:`dynatree.runtime` (not :mod:`dynatree.loop`) because the model draft source checks
+its draft with it too, and the draft sources sit below the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dynatree.errors import DynaTreeError, first_line
+from dynatree.runtime.cache import vocab_size
+
+
+def check_causal_lm(model: Any, role: str) -> None:
+    """Refuse a ``model`` (the run's ``role``: "target", "draft", ...) that is not a decoder-only
+    causal LM: an encoder-decoder, a model without a next-token head, or one whose decoder attends
+    in both directions.
+
+    Judged from what transformers says about the model without running it:
+    ``config.is_encoder_decoder``; ``can_generate()`` (False for encoders, masked LMs and bare
+    ``...Model`` bodies without an LM head); and the ``is_causal`` flag transformers sets on
+    attention modules (BERT-like models build bidirectional attention unless their config has
+    ``is_decoder=True``; a causal LM flags its self-attention causal). Only the decoder's modules
+    are asked (``get_decoder()``), so a vision tower's bidirectional attention in a multimodal
+    model does not count. A module that says nothing (no config, no ``can_generate``, no flags,
+    e.g. a distilled draft or a custom module) is let through: it is not refused on a guess.
+    """
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False) is True:
+        raise DynaTreeError(f"encoder-decoder models are not supported by dynatree (decoder-only causal LMs only): "
+                            f"the {role} is a {name}")
+    can_generate = getattr(model, "can_generate", None)
+    if callable(can_generate) and not can_generate():
+        raise DynaTreeError(f"the {role} {name} is not a causal LM (it has no next-token head: an encoder, a masked "
+                            "LM or a model body); load it with AutoModelForCausalLM")
+    decoder = _decoder(model)
+    modules = decoder.modules() if isinstance(decoder, torch.nn.Module) else ()
+    flags = [m.is_causal for m in modules if isinstance(getattr(m, "is_causal", None), bool)]
+    if flags and not any(flags):
+        hint = " (its config has is_decoder=False)" if getattr(config, "is_decoder", None) is False else ""
+        raise DynaTreeError(f"the {role} {name} is not a causal LM: its attention is bidirectional{hint}; dynatree "
+                            "needs a decoder-only causal LM")
+
+
+def _decoder(model: Any) -> Any:
+    """The module whose attention decides causality: ``get_decoder()`` where transformers offers
+    one (the language model of a multimodal model), else the model itself."""
+    get = getattr(model, "get_decoder", None)
+    if callable(get):
+        try:
+            decoder = get()
+        except (AttributeError, NotImplementedError):  # a model that declares no decoder
+            decoder = None
+        if isinstance(decoder, torch.nn.Module):
+            return decoder
+    return model
+
+
+def prompt_ids(input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], target: torch.nn.Module) -> list[int]:
+    """The one prompt of ``input_ids`` (``[1, L]`` or ``[L]``: a tensor, an array or lists of
+    integers) as a list of token ids of ``target``'s vocabulary, else a one-line error naming what
+    is wrong with it. Bools are refused although torch would read them as 0 and 1: a mask passed
+    where the ids belong is a mistake, not a prompt."""
+    ids = _as_tensor(input_ids)
+    shape = tuple(ids.shape)
+    if ids.dim() == 2:
+        if ids.shape[0] > 1:
+            raise DynaTreeError(
+                f"batch size {ids.shape[0]} > 1 is not supported yet; call generate once per prompt"
+            )
+        if ids.shape[0] == 0:
+            raise DynaTreeError(f"empty prompt: input_ids of shape {shape} has no rows")
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise DynaTreeError(f"input_ids must be [1, L] or [L], got shape {shape}")
+    if ids.numel() == 0:
+        raise DynaTreeError("empty prompt: input_ids has no tokens")
+    if ids.dtype == torch.bool:
+        raise DynaTreeError("input_ids must be integer token ids, got bools (an attention mask in its place?)")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise DynaTreeError("input_ids must be integer token ids")
+    vocab = vocab_size(target)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        bad = hi if hi >= vocab else lo
+        raise DynaTreeError(f"token id {bad} out of range for the target vocabulary (size {vocab})")
+    return ids.tolist()
+
+
+def _as_tensor(input_ids: Any) -> torch.Tensor:
+    """``input_ids`` as a tensor, refusing in one line what torch would refuse in a raw error
+    (None, text, a ragged list) or would silently read as numbers (Python bools in a list)."""
+    if isinstance(input_ids, torch.Tensor):
+        return input_ids
+    if input_ids is None or isinstance(input_ids, (str, bytes)):
+        what = "None" if input_ids is None else f"a {type(input_ids).__name__}"
+        raise DynaTreeError(f"input_ids must be token ids ([1, L] or [L] integers), got {what}; tokenize the prompt "
+                            "first")
+    if isinstance(input_ids, Sequence):
+        rows = [row for row in input_ids if isinstance(row, Sequence) and not isinstance(row, (str, bytes))]
+        if rows and len(rows) != len(input_ids):
+            raise DynaTreeError("input_ids mixes lists and token ids: pass one prompt, [1, L] or [L]")
+        lengths = list(dict.fromkeys(len(row) for row in rows))
+        if len(lengths) > 1:
+            raise DynaTreeError(f"input_ids is a ragged list (rows of {' and '.join(map(str, lengths))} tokens): "
+                                "pass one prompt, [1, L] or [L]")
+        if any(isinstance(t, bool) for t in (rows[0] if len(rows) == 1 else input_ids)):
+            raise DynaTreeError("input_ids must be integer token ids, got bools (an attention mask in its place?)")
+    try:
+        return torch.as_tensor(input_ids)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        raise DynaTreeError(f"input_ids must be token ids ([1, L] or [L] integers): {first_line(exc)}") from None
+
+
+__all__ = ["check_causal_lm", "prompt_ids"]
