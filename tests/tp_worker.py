@@ -25,7 +25,8 @@ import dynatree
 from dynatree import EngineOptions, SamplingConfig, StoppingConfig
 from dynatree.runtime import cache, distributed
 from dynatree.runtime import engines
-from dynatree.runtime.kernels import cpu_linear
+from dynatree.options import fixed_plan
+from dynatree.runtime.kernels import cpu_linear, linear_plan
 from dynatree.errors import DynaTreeError
 
 ROW_MAJOR = cpu_linear.small_batch_linear
@@ -106,7 +107,7 @@ def main(model_dir: str, out_dir: str) -> None:
     # from the unsharded output, i.e. that the comparison can fail.
     distributed.resolve_cpu_linear = lambda model, cpu_linear: None
     distributed.layout_allowed = lambda model: True
-    engines.CPU_LINEAR_MIN_THREADS = 1  # the workers run one thread, where the layout is off by default
+    linear_plan.plan_for = lambda model, log=None: fixed_plan()  # (whatever this CPU measures)
     cpu_linear.small_batch_linear = strided_layout
     res["mutant-cpu-linear/autoregressive"] = run("autoregressive")
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))

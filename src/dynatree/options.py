@@ -37,7 +37,7 @@ class CacheOptions:
     compile: bool = False
     compile_mode: str | None = None
     buckets: tuple[int, ...] | None = None
-    cpu_linear: bool = False
+    linear_plan: LinearPlan | None = None  # the few-row linear kernels (None: F.linear throughout)
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,12 @@ class EngineOptions:
 
     ``"auto"`` and None mean "decide for the model": :meth:`resolve` makes those choices for one
     target and returns options in which every field is decided.
+
+    ``cpu_linear`` and ``linear_plan``: which kernel each few-row linear call takes on a CPU
+    (:mod:`dynatree.runtime.kernels.linear_plan`). ``cpu_linear=None`` measures the plan on this
+    machine at first use (cached on disk) unless ``linear_plan`` pins one; True forces the layout
+    tuned on a 2-core AMD EPYC; False keeps ``F.linear`` (what HF runs). Resolved options carry
+    the plan the run uses.
     """
 
     engine: str = "auto"
@@ -56,6 +62,7 @@ class EngineOptions:
     tree_order: str = "bfs"
     kv_window: int | None = None
     kv_sinks: int = 4
+    linear_plan: LinearPlan | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -68,6 +75,8 @@ class EngineOptions:
         for name in ("cpu_linear", "lazy_head"):
             if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
                 raise DynaTreeError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
+        if not (self.linear_plan is None or isinstance(self.linear_plan, LinearPlan)):
+            raise DynaTreeError(f"linear_plan must be a LinearPlan or None, got {self.linear_plan!r}")
         if self.tree_order not in TREE_ORDERS:
             raise DynaTreeError(f"unknown tree_order '{self.tree_order}': must be 'bfs' or 'dfs'")
         if self.kv_window is not None:
@@ -113,7 +122,7 @@ class EngineOptions:
         mode = self.compile if isinstance(self.compile, str) else None
         if self.compile is True and device_type == "cuda":
             mode = "reduce-overhead"
-        return CacheOptions(bool(self.compile), mode, self.buckets, bool(self.cpu_linear))
+        return CacheOptions(bool(self.compile), mode, self.buckets, self.linear_plan if self.cpu_linear else None)
 
 
 def _buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -188,7 +197,102 @@ def _as_tuple(value: object) -> tuple[Any, ...] | None:
         return None
 
 
-__all__ = ["CacheOptions", "EngineOptions", "StoppingConfig", "parse_buckets"]
+# ------------------------------------------------------------------- few-row linear kernels (CPU)
+#: The kernels a few-row linear call may take on a CPU, all computing ``F.linear``'s product up to
+#: float summation order (:mod:`dynatree.runtime.kernels.cpu_linear`): ``F.linear`` itself (what
+#: HF's own ``generate`` runs), ``(W @ x.T).T`` copied back to row-major order, and oneDNN's product
+#: with weights packed once per tensor. Which one wins by row count is measured on the user's CPU
+#: (:mod:`dynatree.runtime.kernels.linear_plan`).
+KERNELS = ("linear", "rowmajor", "packed")
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """Kernels by row count: ``bands`` is ascending ``(max_rows, kernel)``; a call of ``rows`` rows
+    takes the kernel of the first band with ``rows <= max_rows``; past the last band, ``F.linear``.
+
+    ``why`` says where the plan came from (shown by the bench and the CLI); it does not take part
+    in comparisons, so two equal plans share one static-engine cache whatever their origin.
+    """
+
+    bands: tuple[tuple[int, str], ...] = ()
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        bands = tuple((int(r), str(k)) for r, k in self.bands)
+        if any(k not in KERNELS for _, k in bands) or any(r < 1 for r, _ in bands) \
+                or any(a[0] >= b[0] for a, b in zip(bands, bands[1:])):
+            raise ValueError(f"bands must be ascending (max_rows >= 1, kernel in {KERNELS}), got {self.bands!r}")
+        object.__setattr__(self, "bands", _merged(bands))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LinearPlan) and self.bands == other.bands
+
+    def __hash__(self) -> int:
+        return hash(self.bands)
+
+    def kernel(self, rows: int) -> str:
+        """The kernel a call of ``rows`` rows takes."""
+        for top, kernel in self.bands:
+            if rows <= top:
+                return kernel
+        return "linear"
+
+    @property
+    def active(self) -> bool:
+        """Whether any row count leaves ``F.linear`` (else the plan changes nothing)."""
+        return any(k != "linear" for _, k in self.bands)
+
+    @property
+    def max_rows(self) -> int:
+        """The largest row count a kernel other than ``F.linear`` may take."""
+        return max((r for r, k in self.bands if k != "linear"), default=0)
+
+    def without_packing(self) -> LinearPlan:
+        """The plan for a model whose weights may not be packed: row-major where it said packed."""
+        return LinearPlan(tuple((r, "rowmajor" if k == "packed" else k) for r, k in self.bands), self.why)
+
+    def describe(self) -> str:
+        """One line: ``1-3 rows F.linear, 4-64 packed`` (and where it came from)."""
+        parts, low = [], 1
+        for top, kernel in self.bands:
+            parts.append(f"{low}-{top} rows {'F.linear' if kernel == 'linear' else kernel}" if top > low
+                         else f"{low} row{'s' if low > 1 else ''} {'F.linear' if kernel == 'linear' else kernel}")
+            low = top + 1
+        text = ", ".join(parts) + (f", then F.linear" if parts else "F.linear at every row count")
+        return f"{text} ({self.why})" if self.why else text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bands": [list(b) for b in self.bands], "why": self.why}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LinearPlan:
+        return cls(tuple((int(r), str(k)) for r, k in data["bands"]), str(data.get("why", "")))
+
+
+def _merged(bands: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+    """Adjacent bands of one kernel as one; trailing ``F.linear`` bands dropped (the default past the end)."""
+    out: list[tuple[int, str]] = []
+    for top, kernel in bands:
+        if out and out[-1][1] == kernel:
+            out[-1] = (top, kernel)
+        else:
+            out.append((top, kernel))
+    while out and out[-1][1] == "linear":
+        out.pop()
+    return tuple(out)
+
+
+def fixed_plan() -> LinearPlan:
+    """The layout as tuned on the 2-core EPYC (``cpu_linear=True``): row-major for 1-3 rows, packed
+    weights from ``CPU_PACKED_MIN_ROWS`` (4) to ``CPU_LINEAR_MAX_ROWS`` (64)."""
+    from dynatree import tuning
+
+    return LinearPlan(((tuning.CPU_PACKED_MIN_ROWS - 1, "rowmajor"), (tuning.CPU_LINEAR_MAX_ROWS, "packed")),
+                      "cpu_linear=True: the layout tuned on a 2-core AMD EPYC")
+
+
+__all__ = ["CacheOptions", "EngineOptions", "LinearPlan", "StoppingConfig", "fixed_plan", "parse_buckets"]
 
 
 # ----------------------------------------------------------------- name=value option strings

@@ -1,6 +1,6 @@
 """Every number the library tuned to hardware or to measurements, in one place, with where it
 was measured. The modules that use them import them from here (and keep the names, so a test can
-still patch ``dynatree.runtime.engines.CPU_LINEAR_MIN_THREADS`` and the like).
+still patch ``dynatree.runtime.engines.AUTO_MIN_PARAMS`` and the like).
 
 Machines named below: "the 2-core EPYC" is the project's CI machine (2-core AMD EPYC VM, torch
 2.x with MKL, float32); "the H200" is one NVIDIA H200, torch 2.11 + CUDA 13, float16
@@ -30,9 +30,8 @@ AUTO_MIN_PARAMS = 20_000_000
 #: Static-engine buckets on a CPU: its trees stay small (the cost model rarely picks more than a
 #: few nodes), so buckets up to 32 rows cover them and halve the graphs to compile.
 CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
-#: torch threads from which ``cpu_linear=None`` turns the few-row layout on: measured faster with
-#: 2 threads on the 2-core EPYC, slower with 1 (``benchmarks/cpu/linear_layout.py``).
-CPU_LINEAR_MIN_THREADS = 2
+#: (``cpu_linear=None`` no longer turns the few-row layout on from 2 threads, as tuned on the
+#: 2-core EPYC: the kernel per row count is measured on the user's CPU, ``kernels/linear_plan.py``.)
 #: Most rows a call may have to take the few-row layout: 64 rows were still faster than
 #: ``F.linear`` on the 2-core EPYC; prefill chunks of 128+ were not.
 CPU_LINEAR_MAX_ROWS = 64

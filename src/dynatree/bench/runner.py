@@ -55,7 +55,7 @@ from dynatree.drafts.suffix import TextDraft
 from dynatree.drafts.suffix_index import SuffixCache
 from dynatree.loop.generate import check_positions, generate
 from dynatree.loop.precompile import precompile
-from dynatree.runtime.engines import resolve as resolve_options
+from dynatree.runtime.engines import notice, resolve as resolve_options
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.core.sampling import SamplingConfig
@@ -324,6 +324,14 @@ def _engine_record(options: EngineOptions) -> dict[str, Any]:
     return {"engine": options.engine, "compile": options.compile, "cpu_linear": options.cpu_linear}
 
 
+def choices(options: EngineOptions) -> str:
+    """One line: the engine and the few-row linear kernels a run takes, and where the kernel choice
+    came from (measured on this CPU, or pinned)."""
+    plan = options.linear_plan if options.cpu_linear else None
+    return (f"{options.engine} engine, compile={options.compile}; linear kernels: "
+            f"{plan.describe() if plan is not None else 'F.linear at every row count (cpu_linear off)'}")
+
+
 def _eos(settings: BenchSettings) -> int | tuple[int, ...] | None:
     return settings.eos_token_id
 
@@ -407,6 +415,8 @@ def run_bench(
     resolved = {s.label: resolve_options(s.engine_options(settings.engine_options()), target)
                 for s in specs if s.name not in HF_NAMES}
     records = {label: _engine_record(options) for label, options in resolved.items()}
+    for line in sorted({choices(options) for options in resolved.values()}):
+        notice(f"dynatree bench: {line}")  # which engine and CPU choices this run made, and why
     compiled = [s for s in specs if s.label in resolved and resolved[s.label].engine == "static"
                 and resolved[s.label].compile]
     ids = [p.id for p in prompts]

@@ -21,24 +21,15 @@ from typing import Any
 
 import torch
 
+from dynatree.runtime.devices import cpu_model
+
 PACKAGES = ("torch", "transformers", "dynatree", "numpy", "safetensors", "accelerate", "gguf")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith(("model name", "hardware", "processor\t: arm")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @lru_cache(maxsize=1)
 def _static_machine() -> dict[str, Any]:
     info: dict[str, Any] = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

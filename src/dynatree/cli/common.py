@@ -136,7 +136,9 @@ def engine_flags(engine: str = "auto") -> Callable[[F], F]:
             "models' context)."))], None),
         flag("kv_sinks", Annotated[int, typer.Option(help="Attention-sink tokens kept with --kv-window.")], 4),
         flag("cpu_linear", Annotated[bool | None, typer.Option("--cpu-linear/--no-cpu-linear", help=(
-            "Few-row linear layers as (W @ x.T).T on CPU (default: on for CPU; see dynatree.runtime.kernels.cpu_linear)."))],
+            "Few-row linear kernels on CPU: --cpu-linear forces the layout tuned on an AMD EPYC, --no-cpu-linear keeps "
+            "F.linear (default: the kernel per row count measured on this CPU at first use; see "
+            "dynatree.runtime.kernels.linear_plan)."))],
              None),
     ]
 

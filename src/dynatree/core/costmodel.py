@@ -264,7 +264,7 @@ def _empty(kv: Any) -> None:
 
 
 def profile_for(kv: Any, model: torch.nn.Module, engine: str, compile: bool | str, lazy_head: bool,
-                buckets: Sequence[int] | None = None, cpu_linear: bool | None = None,
+                buckets: Sequence[int] | None = None, cpu_linear: Any = None,
                 log: Callable[[str], None] | None = None) -> CostProfile | None:
     """The cached profile of this (model, device, dtype, threads, engine) or a fresh measurement
     (saved for next time); None when profiling is switched off."""

@@ -30,6 +30,7 @@ from dynatree.drafts.registry import source_for
 from dynatree.drafts.suffix import TextDraft
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
+from dynatree.runtime.inputs import check_causal_lm, prompt_ids
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.policies import DraftPolicy, RoundFeedback, make_policy
@@ -167,7 +168,8 @@ def generate(
             from dynatree.core.costmodel import profile_for
 
             profile = profile_for(target_kv, target, options.engine, options.compile, lazy_head,
-                                  options.buckets, options.cpu_linear, log=notice)
+                                  options.buckets, options.linear_plan.bands if options.linear_plan else False,
+                                  log=notice)
             if policy_cost:
                 policy.use_cost_model(profile)
             if source_cost:
@@ -352,24 +354,10 @@ def _truncate(new: list[int], room: int, stop: set[int]) -> list[int]:
 
 # ----------------------------------------------------------------------------- validation
 def _check_prompt(input_ids: torch.Tensor | Sequence[int], target: torch.nn.Module) -> list[int]:
-    ids = torch.as_tensor(input_ids)
-    if ids.dim() == 2:
-        if ids.shape[0] != 1:
-            raise DynaTreeError(
-                f"batch size {ids.shape[0]} > 1 is not supported yet; call generate once per prompt"
-            )
-        ids = ids[0]
-    if ids.dim() != 1:
-        raise DynaTreeError(f"input_ids must be [1, L] or [L], got shape {tuple(torch.as_tensor(input_ids).shape)}")
-    if ids.numel() == 0:
-        raise DynaTreeError("empty prompt: input_ids has no tokens")
-    if ids.dtype.is_floating_point:
-        raise DynaTreeError("input_ids must be integer token ids")
-    vocab = vocab_size(target)
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab:
-        raise DynaTreeError(f"token id {hi if hi >= vocab else lo} out of range for the target vocabulary (size {vocab})")
-    return ids.tolist()
+    """The front door (:mod:`dynatree.runtime.inputs`), before any model call: the target must be a
+    causal LM (the draft is checked by its source), and the prompt one row of its token ids."""
+    check_causal_lm(target, "target")
+    return prompt_ids(input_ids, target)
 
 
 def max_positions(model: torch.nn.Module) -> int | None:

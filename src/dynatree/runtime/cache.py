@@ -21,6 +21,7 @@ from dynatree.runtime import distributed
 from dynatree.runtime.devices import check_compiler
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear, packing_applies
+from dynatree.options import LinearPlan, fixed_plan
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
 from dynatree.runtime.window import AttentionLayout, attention_layout, layer_masks
 from dynatree.tuning import PREFILL_CHUNK
@@ -98,7 +99,7 @@ class CachedModel:
     engine = "hf"
     max_tree_rows: int | None = None  # (any tree: the dynamic cache grows)
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, cpu_linear: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: int, cpu_linear: bool | LinearPlan = False) -> None:
         param = next(model.parameters())
         self.model = model
         self.vocab_size = vocab_size
@@ -108,13 +109,20 @@ class CachedModel:
         # Sliding-window layers (None: all full attention): their masks need each cache row's position.
         self.layout: AttentionLayout | None = attention_layout(model)
         self.pos = torch.zeros(0, dtype=torch.long)
-        # kernels/cpu_linear.py: few-row linear layers as (W @ x.T).T on CPU; never on sharded weights
-        self.cpu_linear = cpu_linear and self.device.type == "cpu" and distributed.layout_allowed(model)
-        # and from a few rows on, weights packed for oneDNN where a second copy of them is affordable
-        self.packed_linear = self.cpu_linear and packing_applies(model)
+        # kernels/linear_plan.py: the few-row linear kernels by row count on CPU (True: the layout
+        # tuned on the EPYC); never on sharded weights; packed weights only where a second copy of
+        # them is affordable
+        plan = fixed_plan() if cpu_linear is True else (cpu_linear or None)
+        if plan is not None and not (plan.active and self.device.type == "cpu" and distributed.layout_allowed(model)):
+            plan = None
+        if plan is not None and not packing_applies(model):
+            plan = plan.without_packing()
+        self.linear_plan: LinearPlan | None = plan
+        self.cpu_linear = plan is not None
+        self.packed_linear = plan is not None and any(k == "packed" for _, k in plan.bands)
 
     def _layout(self) -> contextlib.AbstractContextManager:
-        return SmallBatchLinear(packed=self.packed_linear) if self.cpu_linear else contextlib.nullcontext()
+        return SmallBatchLinear(plan=self.linear_plan) if self.linear_plan is not None else contextlib.nullcontext()
 
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states (what :class:`~dynatree.core.verify.LazyLogits` calls)."""
@@ -248,7 +256,7 @@ class StaticCachedModel(CachedModel):
         compile: bool = False,
         compile_mode: str | None = None,
         buckets: Sequence[int] | None = None,
-        cpu_linear: bool = False,
+        cpu_linear: bool | LinearPlan = False,
     ) -> None:
         super().__init__(model, vocab_size, cpu_linear)
         self.buckets = tuple(sorted(buckets)) if buckets else self.BUCKETS

@@ -16,6 +16,7 @@ build and the hardware, and only trying tells.
 from __future__ import annotations
 
 import functools
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -127,3 +128,15 @@ def check_compiler(dev: torch.device) -> None:
 
         if not has_triton_package():
             raise DynaTreeError("--compile on cuda needs Triton: pip install triton (or drop --compile)")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (what a timing or a measured choice was taken on)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware", "processor\t: arm")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -10,7 +10,6 @@ up front. The decoding loop itself (:mod:`dynatree.loop.generate`) only consumes
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import weakref
 from collections.abc import Iterator
@@ -22,7 +21,9 @@ from dynatree.runtime.cache import CachedModel, StaticCachedModel
 from dynatree.errors import DynaTreeError
 from dynatree.options import CacheOptions, EngineOptions
 
-from dynatree.tuning import AUTO_MIN_PARAMS, CPU_AUTO_BUCKETS, CPU_LINEAR_MIN_THREADS  # (why: there)
+from dynatree.runtime.kernels import linear_plan
+from dynatree.options import LinearPlan, fixed_plan
+from dynatree.tuning import AUTO_MIN_PARAMS, CPU_AUTO_BUCKETS  # (why: there)
 
 
 def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
@@ -37,14 +38,15 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
     warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
     tokens would only lose (``benchmarks/history/cpu-log.md``, session 5). Explicit engines are kept;
-    their ``compile=None`` means off. ``cpu_linear=None`` is on for a model on CPU and off for a
-    sharded one (:func:`resolve_cpu_linear`).
+    their ``compile=None`` means off. ``cpu_linear=None`` is measured on this CPU for this model
+    (:func:`resolve_cpu_linear`).
     """
     engine, compile, buckets = options.engine, options.compile, options.buckets
     if engine == "auto":
         engine, compile, buckets = _auto_engine(target, compile, buckets, options.kv_window)
+    cpu_linear, plan = resolve_cpu_linear(target, options.cpu_linear, options.linear_plan)
     return options.replace(engine=engine, compile=False if compile is None else compile, buckets=buckets,
-                           cpu_linear=resolve_cpu_linear(target, options.cpu_linear))
+                           cpu_linear=cpu_linear, linear_plan=plan)
 
 
 def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: tuple[int, ...] | None,
@@ -80,21 +82,28 @@ def _can_compile(device: str) -> bool:
 
 
 
-def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None) -> bool:
-    """``generate``'s ``cpu_linear`` with None resolved: on for a model on CPU run with two or more
-    torch threads, off for a sharded one and off with one thread.
+def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None,
+                       plan: LinearPlan | None = None) -> tuple[bool, LinearPlan | None]:
+    """``generate``'s ``cpu_linear`` (and ``linear_plan``) decided: whether few-row linear calls
+    leave ``F.linear``, and the plan of kernels by row count they take.
 
-    Why the thread count: the few-row layout was measured to help with 2 threads (a 4-row verify
-    at 1.04x a one-token step, compiled autoregressive 1.20x faster), but with 1 thread the same
-    layout made eager autoregressive decoding 0.76x and DynaTree 0.89x as fast (offline pair,
-    ``benchmarks/history/cpu-log.md``, session 6), and left HF's own ``generate`` ahead of ours.
+    None: off for a sharded model and off the CPU; on a CPU, the plan measured on this machine
+    (:func:`~dynatree.runtime.kernels.linear_plan.plan_for`; a given ``linear_plan`` instead), on
+    only where it leaves ``F.linear`` somewhere. The fixed rule it replaces (on from 2 threads) was
+    measured on one CPU: on a 2-core Intel Sapphire Rapids it made autoregressive decoding 0.42x as
+    fast as HF's own ``generate``. True: the given plan, or the layout tuned on the 2-core EPYC.
     """
     sharded = distributed.resolve_cpu_linear(model, cpu_linear)
     if sharded is not None:
-        return sharded
+        return sharded, None
+    if cpu_linear is False:
+        return False, None
     if cpu_linear is None:
-        return next(model.parameters()).device.type == "cpu" and torch.get_num_threads() >= CPU_LINEAR_MIN_THREADS
-    return bool(cpu_linear)
+        if next(model.parameters()).device.type != "cpu":
+            return False, None
+        plan = plan if plan is not None else linear_plan.plan_for(model, log=notice)
+        return plan.active, plan if plan.active else None
+    return True, plan if plan is not None else fixed_plan()
 
 
 #: The static engine's pool: per model, per (role, vocabulary, cache options). The role keeps the
@@ -125,7 +134,7 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
     if role not in ROLES:
         raise DynaTreeError(f"role must be one of {ROLES}, got {role!r}")
     if engine == "hf":
-        return CachedModel(model, vocab, cpu_linear=cache.cpu_linear)
+        return CachedModel(model, vocab, cpu_linear=cache.linear_plan or False)
     # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
     capacity = max(256, 1 << (capacity - 1).bit_length())
     pool = _STATIC.setdefault(model, {})
@@ -134,7 +143,8 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
         if cache.compile:
             notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per process (can take "
                    "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
-        kv = StaticCachedModel(model, vocab, capacity, **dataclasses.asdict(cache))
+        kv = StaticCachedModel(model, vocab, capacity, compile=cache.compile, compile_mode=cache.compile_mode,
+                               buckets=cache.buckets, cpu_linear=cache.linear_plan or False)
         pool[(role, vocab, cache)] = kv
     kv.reset()
     return kv

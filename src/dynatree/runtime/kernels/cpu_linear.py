@@ -27,9 +27,11 @@ It is applied through a :class:`~torch.overrides.TorchFunctionMode` around our o
 not by editing the user's model: every ``F.linear`` inside the ``with`` block (``nn.Linear`` uses
 it) is rerouted, nothing else changes, and ``torch.compile`` traces it like any other code. Calls
 of more rows (prefill chunks), non-CPU tensors and anything needing autograd keep ``F.linear``.
-Whether it pays off depends on the CPU's BLAS: the engine turns it on for CPU by default
-(``cpu_linear=None``) because that is where it was measured faster; ``cpu_linear=False`` is the
-plain path.
+Whether it pays off depends on the CPU's BLAS, and by row count: on a 2-core Intel Sapphire
+Rapids the one-row ``F.linear`` is about twice as fast as this layout, which wins there only from
+~16 rows. So by default (``cpu_linear=None``) the kernel per row count is measured on the user's
+CPU (:mod:`dynatree.runtime.kernels.linear_plan`); ``cpu_linear=True`` forces the EPYC-tuned
+layout and ``cpu_linear=False`` is the plain path.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from dynatree import tuning
+from dynatree.options import LinearPlan
 from dynatree.tuning import CPU_LINEAR_MAX_ROWS as MAX_ROWS  # 64 (measured: dynatree.tuning)
 
 _PACKED_ATTR = "_dynatree_onednn_packed"
@@ -76,18 +79,19 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                        packed: bool = False) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T``, or with ``packed`` and
-    ``CPU_PACKED_MIN_ROWS``+ rows by oneDNN on the packed weight: same result up to rounding.
+    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T``, or with ``packed`` by oneDNN
+    on the packed weight: same result up to rounding. Which one a call of so many rows takes is the
+    :class:`~dynatree.runtime.kernels.linear_plan.LinearPlan`'s decision.
 
-    A single row is duplicated (two-row product, first row kept): cheaper than the one-row kernels.
+    A single row is duplicated (two-row product, first row kept): cheaper than the one-row kernels
+    on the CPU this layout was tuned on.
     """
     rows = x.numel() // x.shape[-1]
     flat = x.reshape(rows, x.shape[-1])
     # An inference tensor (a weight created under torch.inference_mode()) has no version counter, so
     # an in-place change to it (an RL loop copying new weights in) could not be told from the packed
     # copy's: such weights keep the row-major layout, which reads the weight itself every call.
-    if packed and rows >= tuning.CPU_PACKED_MIN_ROWS and x.dtype == weight.dtype == torch.float32 \
-            and not weight.is_inference():
+    if packed and x.dtype == weight.dtype == torch.float32 and not weight.is_inference():
         out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), packed_weight(weight), bias, "none", [], "")
         return out.reshape(*x.shape[:-1], weight.shape[0])
     if rows == 1:  # a real copy: a stride-0 (expanded) operand would make torch.mm copy into the slow layout
@@ -109,13 +113,21 @@ def _applies(x: Any, weight: Any, max_rows: int) -> bool:
 
 
 class SmallBatchLinear(TorchFunctionMode):
-    """Within ``with SmallBatchLinear():``, CPU ``F.linear`` calls of up to ``max_rows`` rows use
-    :func:`small_batch_linear` (with packed weights if ``packed``: see :func:`packing_applies`)."""
+    """Within ``with SmallBatchLinear(plan=...):``, each CPU ``F.linear`` call of few rows takes the
+    kernel the plan names for its row count (:mod:`dynatree.runtime.kernels.linear_plan`).
 
-    def __init__(self, max_rows: int = MAX_ROWS, packed: bool = False) -> None:
+    Without a plan: :func:`small_batch_linear` for up to ``max_rows`` rows, with packed weights from
+    ``CPU_PACKED_MIN_ROWS`` rows if ``packed`` (see :func:`packing_applies`): the layout as tuned on
+    the 2-core EPYC."""
+
+    def __init__(self, max_rows: int = MAX_ROWS, packed: bool = False, plan: LinearPlan | None = None) -> None:
         super().__init__()
-        self.max_rows = max_rows
-        self.packed = packed
+        if plan is None:
+            low = min(tuning.CPU_PACKED_MIN_ROWS - 1, max_rows)
+            plan = LinearPlan(((low, "rowmajor"),) + (((max_rows, "packed" if packed else "rowmajor"),)
+                                                      if max_rows > low else ()))
+        self.plan = plan
+        self.max_rows = plan.max_rows
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -123,7 +135,10 @@ class SmallBatchLinear(TorchFunctionMode):
             x = args[0] if args else kwargs.get("input")
             weight = args[1] if len(args) > 1 else kwargs.get("weight")
             if _applies(x, weight, self.max_rows):
-                bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                # (never while compiling: a compiled graph keeps its own weights' layout)
-                return small_batch_linear(x, weight, bias, packed=self.packed and not torch.compiler.is_compiling())
+                kernel = self.plan.kernel(x.numel() // x.shape[-1])
+                if kernel != "linear":
+                    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    # (never packed while compiling: a compiled graph keeps its own weights' layout)
+                    return small_batch_linear(x, weight, bias,
+                                              packed=kernel == "packed" and not torch.compiler.is_compiling())
         return func(*args, **kwargs)

@@ -1,0 +1,194 @@
+"""Which kernel each few-row linear call uses on this CPU, decided by measuring this CPU.
+
+Why this exists: the few-row layouts of :mod:`dynatree.runtime.kernels.cpu_linear` were tuned on
+one CPU (a 2-core AMD EPYC, where the one-row ``F.linear`` was slow and ``(W @ x.T).T`` fast). On a
+2-core Intel Sapphire Rapids the same layout made a one-row step about 2.2x *slower* than
+``F.linear`` (the row-major layout wins there only from ~16 rows), so autoregressive decoding ran at
+0.42x HF's own ``generate``. Which kernel wins for how many rows is a property of the CPU and its
+BLAS, not of the algorithm: so the choice is measured here, at first use, on the model's own
+weight shapes (about a second), and cached on disk per CPU, library versions, threads, dtype and
+shapes.
+
+A :class:`~dynatree.options.LinearPlan` maps row counts to one of three kernels, all of which
+compute the same product up to float summation order (greedy exactness is unaffected and tested
+for each):
+
+- ``"linear"``: ``F.linear`` itself, what HF's own ``generate`` runs;
+- ``"rowmajor"``: ``(W @ x.T).T`` copied back to row-major order (one row padded to two);
+- ``"packed"``: oneDNN's product with weights packed once per tensor (fp32 models within
+  ``tuning.CPU_PACKED_MAX_BYTES`` only: the copy doubles their weight memory).
+
+:func:`choose` is pure (timings in, plan out), so the decision logic is tested with fake timings;
+only :func:`measure` touches a clock. The cache folder is ``$DYNATREE_CACHE_DIR/linear-plan`` or the
+user cache dir, beside the cost profiles; ``DYNATREE_LINEAR_PLAN`` (read per call) pins the plan
+instead: ``fixed`` (the layout tuned on a 2-core AMD EPYC) or ``off`` (``F.linear`` everywhere).
+A kernel replaces ``F.linear`` at a row count only when it measured at most ``MARGIN`` of its time:
+``F.linear`` is the safe default, never slower than what HF runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dynatree.runtime.kernels.cpu_linear import packing_applies, small_batch_linear
+from dynatree.options import LinearPlan, fixed_plan
+
+#: Row counts timed: the one-row step, small trees, and the widest few-row call (``CPU_LINEAR_MAX_ROWS``).
+PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+ENV_SWITCH = "DYNATREE_LINEAR_PLAN"  # "measure" (default), "fixed" (cpu_linear=True's), "off" (F.linear)
+FORMAT = 1
+#: A kernel other than ``F.linear`` is chosen for a row count only below this share of its time,
+#: so noise in a short measurement cannot pick a kernel that is in truth no faster.
+MARGIN = 0.9
+
+
+def choose(timings: Mapping[int, Mapping[str, float]], margin: float = MARGIN, why: str = "measured") -> LinearPlan:
+    """The plan from measured times: ``timings[rows][kernel]`` (any unit; ``"linear"`` required
+    at every row count). A row count between two timed ones takes the decision of the next timed
+    one above it; past the last, ``F.linear``."""
+    bands = []
+    for rows in sorted(timings):
+        t = timings[rows]
+        base = t["linear"]
+        best = min((k for k in t if k != "linear"), key=lambda k: t[k], default=None)
+        bands.append((rows, best if best is not None and t[best] <= margin * base else "linear"))
+    return LinearPlan(tuple(bands), why)
+
+
+# ----------------------------------------------------------------------------------- measuring
+def weight_shapes(model: torch.nn.Module) -> Counter[tuple[int, int]]:
+    """The shapes of ``model``'s linear weights (``nn.Linear`` modules), with how often each occurs."""
+    return Counter(tuple(m.weight.shape) for m in model.modules()
+                   if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2)
+
+
+def measure(shapes: Mapping[tuple[int, int], int], kernels: Iterable[str], rows: Iterable[int] = PROBE_ROWS,
+            dtype: torch.dtype | None = None, reps: int = 7,
+            clock: Callable[[], float] = time.perf_counter) -> dict[int, dict[str, float]]:
+    """Seconds per call of every weight of ``shapes`` (weighted by count) per kernel and row count.
+
+    Random weights of the model's shapes (not its own: no packed copy is left on them). Each
+    matrix's figure is the minimum over ``reps`` interleaved calls, taken per matrix rather than per
+    pass: one call lasts micro- to milliseconds, so on a busy machine some of them run undisturbed,
+    and the least disturbed call is the one that says what the kernel costs."""
+    dtype = dtype or torch.float32
+    kernels = tuple(kernels)
+    g = torch.Generator().manual_seed(0)
+    out: dict[int, dict[str, float]] = {r: dict.fromkeys(kernels, 0.0) for r in rows}
+    with torch.inference_mode():
+        for shape, n in shapes.items():
+            w = torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
+            for r in out:
+                x = torch.randn(r, shape[1], generator=g, dtype=torch.float32).to(dtype)
+                best = dict.fromkeys(kernels, float("inf"))
+                for rep in range(reps + 1):  # (call 0 warms up and packs the weight)
+                    for k in kernels:
+                        t0 = clock()
+                        if k == "linear":
+                            torch.nn.functional.linear(x, w)
+                        else:
+                            small_batch_linear(x, w, packed=k == "packed")
+                        if rep:
+                            best[k] = min(best[k], clock() - t0)
+                for k in kernels:
+                    out[r][k] += n * best[k]
+    return out
+
+
+# ------------------------------------------------------------------------------------- caching
+def machine() -> dict[str, Any]:
+    """What a measured plan depends on besides the model: CPU, libraries, threads."""
+    from dynatree.runtime.devices import cpu_model
+
+    return {"cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "mkldnn": torch.backends.mkldnn.is_available()}
+
+
+def cache_dir() -> Path:
+    """``$DYNATREE_CACHE_DIR/linear-plan`` or the user cache dir (beside the cost profiles)."""
+    from dynatree.core.costmodel import ENV_DIR
+
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("dynatree")
+    return Path(root) / "linear-plan"
+
+
+def plan_key(shapes: Mapping[tuple[int, int], int], dtype: torch.dtype, packing: bool) -> dict[str, Any]:
+    return {"format": FORMAT, **machine(), "dtype": str(dtype).replace("torch.", ""), "packing": packing,
+            "shapes": sorted([list(s) + [n] for s, n in shapes.items()])}
+
+
+def _path(key: Mapping[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return cache_dir() / f"{digest}.json"
+
+
+#: Plans already decided in this process, per model (a hit saves the disk read; it never changes
+#: what a call computes: a plan only picks among kernels that compute the same product).
+_DECIDED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, LinearPlan]] = weakref.WeakKeyDictionary()
+
+
+def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None) -> LinearPlan:
+    """The plan for ``model`` on this machine: cached on disk, else measured now (and saved).
+
+    ``DYNATREE_LINEAR_PLAN`` (read per call) pins it instead: ``fixed`` (the EPYC-tuned layout) or
+    ``off`` (``F.linear`` everywhere)."""
+    pinned = os.environ.get(ENV_SWITCH, "measure").strip().lower()
+    if pinned == "off":
+        return LinearPlan((), f"{ENV_SWITCH}=off")
+    packing = packing_applies(model)
+    if pinned == "fixed":
+        plan = fixed_plan()
+        return plan if packing else plan.without_packing()
+    shapes = weight_shapes(model)
+    if not shapes:
+        return LinearPlan((), "no linear layers")
+    dtype = next(model.parameters()).dtype
+    key = plan_key(shapes, dtype, packing)
+    digest = json.dumps(key, sort_keys=True, default=str)
+    hit = _DECIDED.get(model)
+    if hit is not None and hit[0] == digest:
+        return hit[1]
+    plan = load(key)
+    if plan is None:
+        if log is not None:
+            log("dynatree: timing the few-row linear kernels on this CPU (once per model shape and machine)...")
+        kernels = ("linear", "rowmajor", "packed") if packing else ("linear", "rowmajor")
+        plan = choose(measure(shapes, kernels, dtype=dtype), why=f"measured on {key['cpu'] or 'this CPU'}, "
+                      f"{key['threads']} threads")
+        try:
+            save(key, plan)
+        except OSError:
+            pass  # a read-only cache dir only costs a measurement next time
+    _DECIDED[model] = (digest, plan)
+    return plan
+
+
+def load(key: Mapping[str, Any]) -> LinearPlan | None:
+    try:
+        return LinearPlan.from_json(json.loads(_path(key).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(key: Mapping[str, Any], plan: LinearPlan) -> Path:
+    path = _path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**plan.to_json(), "key": key}, indent=1, default=str))
+    tmp.replace(path)  # atomic: two processes measuring at once cannot leave a torn file
+    return path

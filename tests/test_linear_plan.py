@@ -1,0 +1,160 @@
+"""The few-row linear kernels are chosen by this CPU's timings: the decision logic with fake
+timings (both outcomes), its on-disk cache, its switches, and a plan mixing all three kernels run
+end to end (greedy output equal to HF greedy)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import hf_greedy, llama_pair, tiny_model
+
+import dynatree
+from dynatree.options import EngineOptions
+from dynatree.runtime.kernels import cpu_linear, linear_plan
+from dynatree.options import LinearPlan, fixed_plan
+from dynatree.runtime.kernels.linear_plan import choose
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def timings(linear: dict[int, float], rowmajor: dict[int, float], packed: dict[int, float] | None = None):
+    return {r: {"linear": linear[r], "rowmajor": rowmajor[r], **({"packed": packed[r]} if packed else {})} for r in ROWS}
+
+
+# Per-call times as measured on the two CPUs the project has met (us, SmolLM2-135M's layer shapes,
+# 2 threads): on the Intel Sapphire Rapids F.linear is ~2x faster for 1-3 rows and the row-major
+# layout wins from ~16; on the AMD EPYC the layout won from one row.
+INTEL = timings({1: 174, 2: 175, 4: 338, 8: 360, 16: 620, 32: 700, 64: 900},
+                {1: 384, 2: 363, 4: 503, 8: 419, 16: 416, 32: 650, 64: 1000},
+                {1: 377, 2: 372, 4: 331, 8: 393, 16: 473, 32: 520, 64: 700})
+EPYC = timings({1: 200, 2: 400, 4: 420, 8: 500, 16: 800, 32: 1000, 64: 1400},
+               {1: 110, 2: 120, 4: 200, 8: 300, 16: 500, 32: 700, 64: 1200},
+               {1: 300, 2: 300, 4: 180, 8: 220, 16: 330, 32: 450, 64: 700})
+
+
+def test_one_row_stays_on_f_linear_where_f_linear_is_faster() -> None:
+    """Intel-like timings: autoregressive steps (one row) keep HF's own kernel; wide verify calls
+    take the faster layouts."""
+    plan = choose(INTEL)
+    assert [plan.kernel(r) for r in (1, 2, 3, 4, 8)] == ["linear"] * 5
+    assert plan.kernel(16) == "rowmajor" and plan.kernel(32) == "packed" and plan.kernel(64) == "packed"
+    assert plan.kernel(65) == "linear" and plan.active
+
+
+def test_the_layout_is_chosen_where_it_is_faster() -> None:
+    plan = choose(EPYC)
+    assert [plan.kernel(r) for r in (1, 2, 4, 8, 16, 64)] == ["rowmajor", "rowmajor", "packed", "packed", "packed",
+                                                              "packed"]
+
+
+def test_a_kernel_must_beat_f_linear_by_the_margin() -> None:
+    """Within MARGIN of F.linear (noise in a short measurement) F.linear stays: the safe default."""
+    close = timings({r: 100.0 for r in ROWS}, {r: 95.0 for r in ROWS}, {r: 92.0 for r in ROWS})
+    plan = choose(close)
+    assert not plan.active and plan.bands == ()
+    assert choose(close, margin=0.95).kernel(1) == "packed"  # the control: a looser margin switches
+
+
+def test_rows_between_probes_take_the_next_probe_up() -> None:
+    plan = choose({1: {"linear": 1, "rowmajor": 2}, 4: {"linear": 2, "rowmajor": 1}})
+    assert [plan.kernel(r) for r in (1, 2, 3, 4, 5)] == ["linear", "rowmajor", "rowmajor", "rowmajor", "linear"]
+
+
+def test_plan_validation_and_description() -> None:
+    with pytest.raises(ValueError, match="ascending"):
+        LinearPlan(((4, "rowmajor"), (2, "packed")))
+    with pytest.raises(ValueError, match="kernel"):
+        LinearPlan(((4, "fast"),))
+    plan = LinearPlan(((1, "linear"), (3, "rowmajor"), (8, "rowmajor"), (9, "linear")), "measured")
+    assert plan.bands == ((1, "linear"), (8, "rowmajor"))  # merged, trailing F.linear dropped
+    assert plan.describe() == "1 row F.linear, 2-8 rows rowmajor, then F.linear (measured)"
+    assert plan == LinearPlan(((1, "linear"), (8, "rowmajor")), "other origin")  # origin is not identity
+    assert LinearPlan.from_json(plan.to_json()) == plan
+    assert plan.without_packing() == plan and fixed_plan().without_packing().bands == ((64, "rowmajor"),)
+
+
+@pytest.fixture()
+def measuring(tmp_path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """plan_for with the real cache logic in a temporary folder and a fake measurement."""
+    monkeypatch.setenv("DYNATREE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(linear_plan.ENV_SWITCH, "measure")
+    monkeypatch.setattr(linear_plan, "_DECIDED", type(linear_plan._DECIDED)())
+    calls: list[int] = []
+
+    def fake_measure(shapes, kernels, rows=linear_plan.PROBE_ROWS, dtype=None, reps=5, clock=None):
+        calls.append(1)
+        return {r: {k: v for k, v in INTEL[r].items() if k in kernels} for r in ROWS}
+
+    monkeypatch.setattr(linear_plan, "measure", fake_measure)
+    return calls
+
+
+def test_measured_once_per_machine_and_shape_then_read_from_disk(measuring, monkeypatch) -> None:
+    model = tiny_model("llama", 0)
+    first = linear_plan.plan_for(model)
+    assert first == choose(INTEL) and len(measuring) == 1 and "measured on" in first.why
+    monkeypatch.setattr(linear_plan, "_DECIDED", type(linear_plan._DECIDED)())  # a new process
+    assert linear_plan.plan_for(tiny_model("llama", 1)) == first and len(measuring) == 1  # same shapes: disk
+    linear_plan.plan_for(tiny_model("llama", 0, layers=3))  # same shapes, more of them: weighed anew
+    assert len(measuring) == 2
+
+
+def test_another_thread_count_or_shape_is_measured_anew(measuring, monkeypatch) -> None:
+    linear_plan.plan_for(tiny_model("llama", 0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    linear_plan.plan_for(tiny_model("llama", 0))
+    assert len(measuring) == 2
+    linear_plan.plan_for(tiny_model("gpt2", 0))
+    assert len(measuring) == 3
+
+
+def test_switches_pin_the_plan(measuring, monkeypatch) -> None:
+    model = tiny_model("llama", 0)
+    monkeypatch.setenv(linear_plan.ENV_SWITCH, "off")
+    assert not linear_plan.plan_for(model).active
+    monkeypatch.setenv(linear_plan.ENV_SWITCH, "fixed")
+    assert linear_plan.plan_for(model) == fixed_plan()
+    assert measuring == []
+
+
+def test_resolved_options_carry_the_measured_plan(measuring) -> None:
+    from dynatree.runtime.engines import resolve
+
+    target, _ = llama_pair()
+    resolved = resolve(EngineOptions(), target)
+    assert resolved.cpu_linear is True and resolved.linear_plan == choose(INTEL)
+    assert resolve(EngineOptions(cpu_linear=False), target).linear_plan is None
+
+
+MIXED = LinearPlan(((1, "linear"), (3, "rowmajor"), (64, "packed")), "test: every kernel")
+
+
+@pytest.mark.parametrize("strategy", ["linear", "dynatree", "dyspec"])
+def test_a_plan_of_all_three_kernels_is_exact(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F.linear for one row, the row-major layout for 2-3, packed weights from 4: greedy output
+    equals HF greedy, and every kernel ran."""
+    target, draft = llama_pair()
+    ids = torch.tensor([[3, 17, 42, 8, 29, 11, 5]])
+    seen: set[str] = set()
+    real = cpu_linear.small_batch_linear
+
+    def spy(x, w, b=None, packed=False):
+        seen.add("packed" if packed else "rowmajor")
+        return real(x, w, b, packed)
+
+    linear_calls = []
+    real_kernel = LinearPlan.kernel
+
+    def kernel(self, rows):
+        out = real_kernel(self, rows)
+        if out == "linear":
+            linear_calls.append(rows)
+        return out
+
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", spy)
+    monkeypatch.setattr(LinearPlan, "kernel", kernel)
+    options = EngineOptions(linear_plan=MIXED)
+    out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=24, options=options,
+                            **({"max_nodes": 12} if strategy != "linear" else {"k": 2}))
+    assert out.sequences.tolist() == hf_greedy(target, ids, 24).tolist()
+    assert seen == {"rowmajor", "packed"} and linear_calls and set(linear_calls) == {1}
