@@ -1,5 +1,6 @@
 """The Spec-Bench table of the report, on synthetic rows: expected numbers are computed here from
-the rows themselves (ratios of means per category and run group), never copied from the code."""
+the rows themselves (ratios of means per category and run group, a two-turn question's tokens over
+its summed time, tokens over rounds), never copied from the code."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from dynatree.bench.instruct import CATEGORIES
 from dynatree.bench.report import build_report
-from dynatree.bench.specbench import TITLES, specbench_markdown, specbench_tables
+from dynatree.bench.specbench import TITLES, specbench_lines, specbench_markdown, specbench_tables
+from dynatree.bench.specbench_questions import TASKS
 from dynatree.bench.store import SCHEMA_VERSION
 
 AR = "autoregressive"
@@ -81,8 +83,9 @@ def test_one_mixed_run_gives_per_category_speedups_overall_and_tau() -> None:
         cells = [expected(rows, label, c) for c in CATEGORIES]
         assert [table.speedup[label][c] for c in CATEGORIES] == pytest.approx(cells)
         assert table.overall[label] == pytest.approx(mean(cells))
-        taus = [mean(r["stats"]["mean_committed"] for r in rows if r["label"] == label
-                     and r["prompt_id"].endswith(":" + c)) for c in CATEGORIES]
+        mine = [[r["stats"] for r in rows if r["label"] == label and r["prompt_id"].endswith(":" + c)]
+                for c in CATEGORIES]  # τ: every round of a category's rows, then the mean over categories
+        taus = [sum(s["new_tokens"] for s in stats) / sum(s["rounds"] for s in stats) for stats in mine]
         assert table.tau[label] == pytest.approx(mean(taus))
     assert table.speedup[AR] == {c: pytest.approx(1.0) for c in CATEGORIES}
 
@@ -140,9 +143,115 @@ def test_the_report_shows_the_table(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = build_report(path, tmp_path / "rep").markdown.read_text()
-    assert "## Spec-Bench layout (1)" in text
+    assert "## Spec-Bench layout over the own instruct sets (1)" in text and "## Spec-Bench (1)" not in text
     header = "| Method | " + " | ".join(TITLES[c] for c in CATEGORIES) + " | Overall | τ (tokens/round) |"
     assert header in text
     cells = [f"{expected(rows, 'linear', c):.2f}×" for c in CATEGORIES]
     overall = f"{mean(expected(rows, 'linear', c) for c in CATEGORIES):.2f}×"
     assert "| linear | " + " | ".join(cells) + f" | {overall} | " in text
+
+
+# ------------------------------------------------------------------ Spec-Bench's own questions
+def sb_row(group: str, label: str, strategy: str, qid: int, category: str, task: str, turn: int, new: int,
+           seconds: float, rounds: int, *, threads: int = 1) -> dict[str, Any]:
+    """A bench row of one turn of a Spec-Bench question (prompt id as the bench writes it)."""
+    out = row(group, "spec-bench", label, strategy, 0, None, new / seconds, new / rounds, threads=threads)
+    out["prompt_id"] = f"spec-bench:{qid}:{category}:t{turn}:{task}"
+    out["key"] = f"{group}/{label}/{out['prompt_id']}"
+    out["stats"].update(new_tokens=new, t_total=seconds, rounds=rounds, tokens_per_second=new / seconds,
+                        mean_committed=new / rounds)
+    return out
+
+
+SB_LABELS = {AR: AR, "hf-generate": "hf-generate", "dt": "dynatree", "pld": "hf-prompt-lookup"}
+
+
+def specbench_run(rng: random.Random, group: str = "s1", per_task: int = 2) -> list[dict[str, Any]]:
+    """One run of Spec-Bench questions: MT-bench questions of two turns (whose lengths and times
+    differ a lot, so that pooling the turns and averaging them disagree), others of one."""
+    rows = []
+    for i in range(per_task):
+        for n, task in enumerate(TASKS):
+            qid, category = 100 * n + i, ("writing" if i % 2 == 0 else "coding") if task == "mt_bench" else task
+            for turn in ((1, 2) if task == "mt_bench" else (1,)):
+                for label, strategy in SB_LABELS.items():
+                    new = rng.randint(8, 64) if turn == 1 else rng.randint(100, 192)
+                    seconds = new / rng.uniform(5, 60) * (3.0 if turn == 2 else 1.0)
+                    rounds = new if strategy in (AR, "hf-generate") else max(1, round(new / rng.uniform(1.2, 4.0)))
+                    rows.append(sb_row(group, label, strategy, qid, category, task, turn, new, seconds, rounds))
+    return rows
+
+
+def question_speeds(rows: Sequence[dict[str, Any]], label: str, task: str) -> list[float]:
+    """Each question's tokens per second by hand: all its turns' tokens over all their seconds."""
+    questions: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["label"] == label and r["prompt_id"].endswith(":" + task):
+            questions.setdefault(r["prompt_id"].rsplit(":", 2)[0], []).append(r["stats"])
+    return [sum(s["new_tokens"] for s in ss) / sum(s["t_total"] for s in ss) for ss in questions.values()]
+
+
+def test_spec_bench_rows_give_per_task_speedups_over_ar_and_over_hf_generate() -> None:
+    rows = specbench_run(random.Random(6))
+    [table] = specbench_tables(rows)
+    assert table.layout == "spec-bench" and table.categories == list(TASKS)
+    assert table.methods == list(SB_LABELS) and table.hf_reference == "hf-generate"
+    assert table.questions == dict.fromkeys(TASKS, 2)
+    for label in SB_LABELS:
+        over_ar = [mean(question_speeds(rows, label, t)) / mean(question_speeds(rows, AR, t)) for t in TASKS]
+        over_hf = [mean(question_speeds(rows, label, t)) / mean(question_speeds(rows, "hf-generate", t)) for t in TASKS]
+        assert [table.speedup[label][t] for t in TASKS] == pytest.approx(over_ar)
+        assert table.overall[label] == pytest.approx(mean(over_ar))
+        assert [table.hf_speedup[label][t] for t in TASKS] == pytest.approx(over_hf)
+        assert table.hf_overall[label] == pytest.approx(mean(over_hf))
+        taus = [sum(r["stats"]["new_tokens"] for r in rows if r["label"] == label and r["prompt_id"].endswith(":" + t))
+                / sum(r["stats"]["rounds"] for r in rows if r["label"] == label and r["prompt_id"].endswith(":" + t))
+                for t in TASKS]
+        assert table.tau[label] == pytest.approx(mean(taus))
+    assert table.tau[AR] == pytest.approx(1.0)
+    # pooling a two-turn question's turns is not the mean of its rows' own speeds (the test can tell)
+    naive = mean(r["stats"]["tokens_per_second"] for r in rows if r["label"] == "dt"
+                 and r["prompt_id"].endswith(":mt_bench")) / mean(r["stats"]["tokens_per_second"] for r in rows
+                                                                  if r["label"] == AR
+                                                                  and r["prompt_id"].endswith(":mt_bench"))
+    assert table.speedup["dt"]["mt_bench"] != pytest.approx(naive, rel=1e-3)
+
+
+def test_spec_bench_and_the_instruct_sets_get_separate_tables_spec_bench_first(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    rows = mixed_run(rng) + specbench_run(rng)
+    tables = specbench_tables(rows)
+    assert [t.layout for t in tables] == ["spec-bench", "instruct"]
+    assert tables[1].categories == list(CATEGORIES) and tables[1].hf_reference is None
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = build_report(path, tmp_path / "rep").markdown.read_text()
+    spec, own = text.index("## Spec-Bench (1): "), text.index("## Spec-Bench layout over the own instruct sets (1): ")
+    assert spec < own
+    section = text[spec:own]
+    header = "| Method | MT-bench | Translation | Summarization | QA | Math reasoning | RAG | Overall |"
+    assert section.count(header) == 2 and "Speedup over HF `generate`" in section
+    assert "Overall = the mean of the task speedups" in section  # the aggregation, said under the table
+    over_hf = [mean(question_speeds(rows, "dt", t)) / mean(question_speeds(rows, "hf-generate", t)) for t in TASKS]
+    assert "| dt | " + " | ".join(f"{v:.2f}×" for v in over_hf) + f" | {mean(over_hf):.2f}× |" in section
+    assert "Speedup over HF" not in text[own:]  # the instruct run had no hf-generate rows
+
+
+def test_two_question_files_are_two_spec_bench_tables_but_instruct_sets_share_one() -> None:
+    rng = random.Random(8)
+    shipped, local = specbench_run(rng, "s1"), specbench_run(rng, "s2")
+    for r in local:  # same prompt ids, another file: other questions
+        r["settings"]["dataset"] = "my/question.jsonl"
+    tables = specbench_tables(shipped + local)
+    assert [t.settings["dataset"] for t in tables] == ["spec-bench", "my/question.jsonl"]
+    assert tables[1].speedup["dt"]["qa"] == pytest.approx(
+        mean(question_speeds(local, "dt", "qa")) / mean(question_speeds(local, AR, "qa")))
+    lines = [line for t in tables for line in specbench_lines(t) if line.startswith(("Spec-Bench's own", "Questions in"))]
+    assert lines[0].startswith("Spec-Bench's own questions (data/spec_bench/question.jsonl of hemingkx/Spec-Bench)")
+    assert lines[1].startswith("Questions in Spec-Bench's format read from `my/question.jsonl`.")
+    code = mixed_run(rng, "g-code", categories=("code",))
+    math = mixed_run(rng, "g-math", categories=("math",))
+    for r, dataset in [(r, "instruct-code") for r in code] + [(r, "instruct-math") for r in math]:
+        r["settings"]["dataset"], r["prompt_id"] = dataset, r["prompt_id"].rsplit(":", 1)[0]
+    [table] = specbench_tables(code + math)
+    assert table.layout == "instruct" and table.categories == ["code", "math"]

@@ -102,6 +102,11 @@ PROMPT_SETS: dict[str, PromptSetInfo] = {
     "instruct-rewrite": PromptSetInfo("rewrite, paraphrase or reformat a given passage (stands in for translation)"),
     "instruct-code": PromptSetInfo("edit a given Python standard-library function (type hints, refactor, ...)"),
     "instruct-math": PromptSetInfo("multi-step arithmetic word problems generated from templates (GSM8K-like)"),
+    # Spec-Bench's own questions (dynatree.bench.specbench_questions); its summarization and RAG
+    # prompts run to ~1,600 tokens, so give --max-prompt-tokens 2048.
+    "spec-bench": PromptSetInfo("Spec-Bench's 480 questions (hemingkx/Spec-Bench, shipped): MT-bench with its second "
+                                "turns, translation, summarization, QA, math reasoning, RAG; chat-templated; "
+                                "--num-prompts counts questions per task"),
 }
 
 

@@ -24,6 +24,10 @@ Provenance of each set:
   distill``) is never scored on text it was trained on.
 * ``instruct``, ``instruct-<category>`` — chat-templated instruct requests in Spec-Bench's six
   categories, built offline with a held-out split; see :mod:`dynatree.bench.instruct`.
+* ``spec-bench`` — Spec-Bench's own 480 questions (hemingkx/Spec-Bench, shipped in the package),
+  chat-templated, MT-bench's second turns included; ``num_prompts`` counts questions per task.
+  A ``.jsonl`` file of questions in its format (records with ``turns``) is read the same way.
+  See :mod:`dynatree.bench.specbench_questions`.
 * a local file — ``.txt`` (one prompt per paragraph, paragraphs separated by blank lines) or
   ``.jsonl`` (one prompt per line, in the field ``text`` or ``prompt``), used as written.
 
@@ -39,7 +43,6 @@ their own order and one prompt per paragraph or record: they are the user's prom
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import json
 import random
@@ -51,7 +54,8 @@ from transformers import PreTrainedTokenizerBase
 
 from dynatree.text import corpora
 from dynatree.text import prose
-from dynatree.bench import instruct
+from dynatree.text.files import read_utf8
+from dynatree.bench import instruct, specbench_questions
 from dynatree.catalog import PROMPT_SETS
 from dynatree.errors import DynaTreeError
 
@@ -178,25 +182,10 @@ def cut_to_tokens(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int
 def _read_local(path: Path) -> list[str]:
     """Prompts of a local .txt (blank-line separated) or .jsonl (``text``/``prompt``) file, in order.
 
-    The file must be UTF-8 text (a leading byte-order mark is dropped): invalid bytes, and NUL
-    bytes (a UTF-16 or binary file, which would otherwise tokenize as garbage), are refused with
-    the byte offset of the first one. A NUL wanted inside a prompt is written ``\\u0000`` in .jsonl.
+    The file must be UTF-8 text (:func:`read_utf8`). A NUL wanted inside a prompt is written
+    ``\\u0000`` in .jsonl.
     """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DynaTreeError(f"cannot read prompt file {path}: {exc.strerror}") from exc
-    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        content = data[bom:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        at = bom + exc.start
-        raise DynaTreeError(f"prompt file {path} is not UTF-8 text: byte 0x{data[at]:02x} at byte offset {at} "
-                            f"({exc.reason}); save it as UTF-8") from None
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise DynaTreeError(f"prompt file {path} has a NUL byte at byte offset {nul} (a UTF-16 or binary file?); "
-                            "save it as UTF-8 text")
+    content = read_utf8(path)
     if path.suffix == ".txt":
         prompts = [block.strip() for block in prose.paragraphs(content)]
     elif path.suffix == ".jsonl":
@@ -258,7 +247,9 @@ def check_prompt_set(name: str, num_prompts: int | None = None) -> None:
     tokenizer: the CLI asks before it loads a model (seconds), which the prompts' tokens need. A
     file is read (it is small), so one that is not UTF-8 text, or has fewer than ``num_prompts``
     prompts, is refused then too."""
-    if name not in PROMPT_SETS and not instruct.is_instruct_set(name):
+    if specbench_questions.is_specbench(name):  # per task: --num-prompts counts questions per task
+        specbench_questions.check(name, num_prompts)
+    elif name not in PROMPT_SETS and not instruct.is_instruct_set(name):
         prompts = _read_local(_prompt_file(name))
         if num_prompts is not None and len(prompts) < num_prompts:
             raise DynaTreeError(f"'{name}' has only {len(prompts)} prompts, {num_prompts} requested")
@@ -270,6 +261,15 @@ def _prompt_file(name: str) -> Path:
     if not path.exists():
         raise DynaTreeError(f"unknown prompt set '{name}': use one of {', '.join(PROMPT_SETS)} or a .txt/.jsonl file")
     return path
+
+
+def _refuse_specbench(name: str) -> None:
+    """Spec-Bench's second turns hold the target's answers: its prompts need the model, which these
+    tokenizer-only loaders do not have."""
+    if specbench_questions.is_specbench(name):
+        raise DynaTreeError(f"'{name}' is Spec-Bench's question set: its MT-bench second turns need the target's "
+                            "answers; build its prompts with dynatree.bench.specbench_questions.specbench_prompts "
+                            "(dynatree bench does)")
 
 
 def load_prompts(
@@ -286,6 +286,7 @@ def load_prompts(
     """
     if num_prompts < 1 or max_prompt_tokens < 1:
         raise DynaTreeError("num_prompts and max_prompt_tokens must be at least 1")
+    _refuse_specbench(name)
     if instruct.is_instruct_set(name):  # chat-templated conversations, not passages of a corpus
         return instruct.instruct_texts(name, tokenizer, num_prompts, max_prompt_tokens, seed)
     if name in PROMPT_SETS:
@@ -310,6 +311,7 @@ def load_prompt_ids(
     seed: int = 0,
 ) -> list[list[int]]:
     """The prompts of :func:`load_prompts` as token ids (with the tokenizer's default special tokens)."""
+    _refuse_specbench(name)
     if instruct.is_instruct_set(name):  # the chat template's own ids: decoding and re-encoding may differ
         return [ids for _, ids in instruct.instruct_set(name, tokenizer, num_prompts, max_prompt_tokens, seed)]
     prompts = load_prompts(name, tokenizer, num_prompts, max_prompt_tokens, seed)

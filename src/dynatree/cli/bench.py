@@ -61,8 +61,9 @@ class RunArgs:
     draft: Annotated[str, Opt(help="Draft: preset, HF id, local path, early-exit:K, 'default', or 'none' (every "
                                    "strategy drafts from the text itself).")] = "default"
     dataset: Annotated[str, Opt(help=f"Prompt set: {', '.join(PROMPT_SETS)} (see `dynatree list`), "
-                                     "or a .txt/.jsonl path.")] = "pydoc"
-    num_prompts: Annotated[int, Opt(help="Measured prompts (warm-up runs come on top).")] = 10
+                                     "or a .txt/.jsonl path (a .jsonl of Spec-Bench questions is run as spec-bench).")] = "pydoc"
+    num_prompts: Annotated[int, Opt(help="Measured prompts (warm-up runs come on top); for spec-bench, questions "
+                                         "per task (80: all 480; an MT-bench question is two prompts, its turns).")] = 10
     max_prompt_tokens: Annotated[int, Opt(help="Prompt length cap in tokens (the DynaTree paper's caps: " + _PAPER_CAPS + ").")] = 256
     max_new_tokens: Annotated[int, Opt(help="Tokens to generate per prompt (T).")] = 128
     warmup: Annotated[int, Opt(help="Unrecorded warm-up passes of every strategy before measuring.")] = 2
@@ -109,11 +110,23 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
     return tmodel, dmodel, tokenizer, draft_name
 
 
-def _prompts(run: RunArgs, tokenizer: Any) -> list[Prompt]:
+def _prompts(run: RunArgs, tokenizer: Any, target: torch.nn.Module | None = None,
+             options: EngineOptions | None = None, max_new_tokens: int | None = None) -> list[Prompt]:
+    """The run's prompts as token ids with stable ids. Spec-Bench's later turns hold ``target``'s
+    greedy answers to the earlier ones (``options``: the reference autoregressive spec's engine;
+    ``max_new_tokens``: the answers' cap, the run's), built here once so every strategy sees the
+    same prompt (see :mod:`dynatree.bench.specbench_questions`)."""
     from dynatree.bench.datasets import load_prompt_ids
     from dynatree.bench.instruct import instruct_set, is_instruct_set
     from dynatree.bench.runner import Prompt
+    from dynatree.bench.specbench_questions import greedy_answerer, is_specbench, specbench_prompts
 
+    if is_specbench(run.dataset):  # the prompt id carries the question, turn and task (specbench reads it)
+        answer = (greedy_answerer(target, max_new_tokens or run.max_new_tokens, options)
+                  if target is not None else None)
+        pairs = specbench_prompts(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, answer,
+                                  progress=run.progress)
+        return [Prompt(id=prompt_id, ids=tuple(ids)) for prompt_id, ids in pairs]
     if is_instruct_set(run.dataset):  # the prompt id carries the category (instruct.row_category reads it)
         pairs = instruct_set(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, run.seed)
         return [Prompt(id=f"{run.dataset}:{run.seed}:{i}:{category}", ids=tuple(ids))
@@ -196,18 +209,25 @@ def _run_saving(writer: Any, fn: Any) -> Any:
         raise
 
 
+def _run_title(settings: dict[str, Any]) -> str:
+    return (f"{settings['dataset']} · T = {settings['max_new_tokens']} · {settings['dtype']} {settings['device']}"
+            f" · {settings['threads']} threads")
+
+
 def _finish(outcomes: list[Any], output: Path) -> None:
     from dynatree.bench.metrics import cost_profiles, summarize
+    from dynatree.bench.specbench import specbench_section
 
     new = sum(o.new_rows for o in outcomes)
     resumed = sum(o.resumed_rows for o in outcomes)
     for o in outcomes:
-        s0 = o.rows[0]["settings"]
-        print_summary(summarize(o.rows), f"{s0['dataset']} · T = {s0['max_new_tokens']} · {s0['dtype']} {s0['device']}"
-                                         f" · {s0['threads']} threads · group {o.group}")
+        print_summary(summarize(o.rows), f"{_run_title(o.rows[0]['settings'])} · group {o.group}")
         for label, prof in cost_profiles(o.rows).items():
             points = ", ".join(f"{r}: {m:.1f}" for r, m in zip(prof["rows"], prof["ms"]))
             typer.secho(f"{label}: tree budget from the verify-cost profile (ms by rows) {points}", err=True)
+        section = specbench_section(o.rows, _run_title)  # per task, for Spec-Bench and the instruct sets
+        if section:
+            typer.echo("\n".join(section), err=True)
     mismatches = sum(len(o.mismatches) for o in outcomes)
     typer.secho(f"{new} new row(s), {resumed} already in {output} (resumed)", err=True)
     if mismatches:
@@ -256,7 +276,7 @@ def bench(
     else:
         tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, device, needs_draft)
     specs = _drop_unsupported_hf(specs, dmodel, explicit=strategies != DEFAULT_STRATEGIES)
-    prompts = _prompts(run, tok)
+    prompts = _prompts(run, tok, tmodel, specs[0].engine_options(options), run.max_new_tokens)
     if temperature > 0 or options.kv_window is not None:
         specs = [s for s in specs if s.name not in HF_NAMES]  # greedy, full-cache runs only
     settings = _settings(run, engine, draft_name, device, run.max_new_tokens, temperature)
@@ -307,7 +327,7 @@ def sweep(
     _check_run(run, new_tokens=not lengths)
     tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, run.device, True)
     base_specs = _drop_unsupported_hf(base_specs, dmodel, explicit=True)
-    prompts = _prompts(run, tok)
+    prompts = _prompts(run, tok, tmodel, base_specs[0].engine_options(options), T[0])
     settings = _settings(run, engine, draft_name, run.device, T[0])
     typer.secho(f"sweep: {sweep_grid.size} configurations × {len(T)} length(s) × {len(prompts)} prompts",
                 err=True)
@@ -329,6 +349,8 @@ def report(
     rep = build_report(results, out)
     if rep.skipped:
         typer.secho(f"{results}: {rep.skipped_message}", fg=typer.colors.YELLOW, err=True)
+    if rep.specbench:  # the per-task table is the one a reader compares with the papers': shown here too
+        typer.echo(rep.specbench)
     typer.echo(f"wrote {rep.markdown} and {len(rep.figures)} figure(s) from {rep.rows} rows")
 
 

@@ -1,0 +1,30 @@
+"""Reading the user's own text files (prompt files, question files) with errors a user can act on."""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+from dynatree.errors import DynaTreeError
+
+
+def read_utf8(path: Path, what: str = "prompt file") -> str:
+    """The text of a file that must be UTF-8 (a leading byte-order mark is dropped): invalid bytes,
+    and NUL bytes (a UTF-16 or binary file, which would otherwise tokenize as garbage), are refused
+    with the byte offset of the first one; ``what`` names the file in the message."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DynaTreeError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        content = data[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = bom + exc.start
+        raise DynaTreeError(f"{what} {path} is not UTF-8 text: byte 0x{data[at]:02x} at byte offset {at} "
+                            f"({exc.reason}); save it as UTF-8") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise DynaTreeError(f"{what} {path} has a NUL byte at byte offset {nul} (a UTF-16 or binary file?); "
+                            "save it as UTF-8 text")
+    return content
