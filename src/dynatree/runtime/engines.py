@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Iterator
 
 import torch
+from transformers import PreTrainedModel
 
 from dynatree.runtime import distributed
 from dynatree.runtime.cache import CachedModel, StaticCachedModel
@@ -152,15 +153,48 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
 
 @contextlib.contextmanager
 def eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
-    """Dropout would make verification random: run in eval mode, restore the caller's mode after."""
+    """Dropout would make verification random: run in eval mode, restore the caller's mode after.
+
+    A model already wholly in eval mode (the usual case: ``from_pretrained`` returns one) is left
+    alone: ``eval()`` and ``train(False)`` would only rewrite every module's flag with the value it
+    has, and those two recursive walks cost ~4 ms per call on SmolLM2-135M and 0.3 ms on the tiny
+    test models (``benchmarks/cpu/per_call.py``). The check walks the modules too, but only reads.
+    """
     was = [m.training for m in models]
-    for m in models:
-        m.eval()
+    untouched = [_wholly_eval(m) for m in models]
+    for m, skip in zip(models, untouched):
+        if not skip:
+            m.eval()
     try:
         yield
     finally:
-        for m, w in zip(models, was):
-            m.train(w)
+        for m, w, skip in zip(models, was, untouched):
+            # (a skipped model is still put back if something switched it to training meanwhile)
+            if not skip or not _wholly_eval(m):
+                m.train(w)
+
+
+#: ``train``/``eval`` implementations that do nothing but set ``training`` flags when no flag
+#: changes (transformers' ``PreTrainedModel.train`` does more only on a change of mode).
+_PLAIN_TRAIN = frozenset({torch.nn.Module.train, PreTrainedModel.train})
+_PLAIN_EVAL = frozenset({torch.nn.Module.eval, PreTrainedModel.eval})
+
+
+def _wholly_eval(model: torch.nn.Module) -> bool:
+    """True if ``model`` and every submodule are in eval mode and use the plain ``train``/``eval``:
+    then ``model.eval()`` and ``model.train(False)`` would change nothing."""
+    if not isinstance(model, torch.nn.Module) or type(model).eval not in _PLAIN_EVAL:
+        return False
+    stack, seen = [model], {id(model)}
+    while stack:
+        m = stack.pop()
+        if m.training or type(m).train not in _PLAIN_TRAIN:
+            return False
+        for child in m._modules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    return True
 
 
 def notice(message: str) -> None:
