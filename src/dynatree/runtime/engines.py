@@ -56,8 +56,10 @@ def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: t
         return "hf", compile, buckets  # compile=True here is refused as needing the static engine
     device = next(target.parameters()).device.type
     built = _compiled_buckets(target)
-    if compile is None:
-        compile = _can_compile(device) and (device == "cuda" or built is not None)
+    if compile is None:  # (the compiler is asked last: its first check runs the C++ compiler, ~0.5 s
+        #                    a CPU run without compiled graphs never needs; ~6 s more where torch._dynamo
+        #                    is not imported yet)
+        compile = (device == "cuda" or built is not None) and _can_compile(device)
     if not compile:  # uncompiled, the static engine is no faster than hf (engine_ab.jsonl): keep hf
         return "hf", False, buckets
     if buckets is None:  # reuse the graphs already built rather than compiling other buckets
