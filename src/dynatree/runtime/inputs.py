@@ -48,8 +48,16 @@ def check_causal_lm(model: Any, role: str) -> None:
                             "LM or a model body); load it with AutoModelForCausalLM")
     decoder = _decoder(model)
     modules = decoder.modules() if isinstance(decoder, torch.nn.Module) else ()
-    flags = [m.is_causal for m in modules if isinstance(getattr(m, "is_causal", None), bool)]
-    if flags and not any(flags):
+    # Refused only if some module is flagged and none causal: the walk stops at the first causal
+    # flag (a causal LM's first attention module), not after every module of the model (~1 ms of
+    # attribute misses per call on SmolLM2-135M).
+    flagged = False
+    for m in modules:
+        flag = getattr(m, "is_causal", None)
+        if flag is True:
+            return
+        flagged = flagged or flag is False
+    if flagged:
         hint = " (its config has is_decoder=False)" if getattr(config, "is_decoder", None) is False else ""
         raise DynaTreeError(f"the {role} {name} is not a causal LM: its attention is bidirectional{hint}; dynatree "
                             "needs a decoder-only causal LM")
