@@ -108,8 +108,8 @@ def e2e(target: torch.nn.Module, context: int, new: int, reps: int) -> dict[str,
     try:
         for _ in range(reps):
             for name, layer in KINDS.items():
-                def new_cache(model, layer=layer):  # what the engine builds
-                    cache = original(model)
+                def new_cache(model, layer=layer, **kw):  # what the engine builds
+                    cache = original(model, **kw)
                     cache.layers = [layer() for _ in cache.layers]
                     return cache
                 C.new_cache = new_cache
