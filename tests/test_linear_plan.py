@@ -158,3 +158,49 @@ def test_a_plan_of_all_three_kernels_is_exact(strategy: str, monkeypatch: pytest
                             **({"max_nodes": 12} if strategy != "linear" else {"k": 2}))
     assert out.sequences.tolist() == hf_greedy(target, ids, 24).tolist()
     assert seen == {"rowmajor", "packed"} and linear_calls and set(linear_calls) == {1}
+
+
+def test_calls_the_plan_leaves_on_f_linear_run_without_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mode's Python dispatch sees every torch call of a forward: a one-row step the plan keeps
+    on F.linear must not pay it (it made the default 0.62x HF's speed on the Intel CPU)."""
+    from dynatree.runtime.cache import CachedModel
+
+    model = tiny_model("llama", 0)
+    entered: list[int] = []
+    real = cpu_linear.SmallBatchLinear.__enter__
+
+    def enter(self):
+        entered.append(1)
+        return real(self)
+
+    monkeypatch.setattr(cpu_linear.SmallBatchLinear, "__enter__", enter)
+    kv = CachedModel(model, 96, cpu_linear=LinearPlan(((1, "linear"), (64, "rowmajor"))))
+    with torch.inference_mode():
+        kv.prefill([3, 4, 5])  # 3 rows: the mode
+        assert len(entered) == 1
+        kv.forward([6], torch.tensor([3]), torch.ones(1, 1, dtype=torch.bool), 3)  # 1 row: F.linear, no mode
+        assert len(entered) == 1
+        kv.forward([7, 8], torch.tensor([4, 5]), torch.ones(2, 2, dtype=torch.bool).tril(), 4)
+    assert len(entered) == 2
+
+
+def test_a_one_row_call_that_sees_everything_passes_no_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like HF's own generate: no additive mask for an autoregressive step (same softmax, faster
+    kernel); a row that must not see some cached rows still gets its mask."""
+    from dynatree.runtime.cache import CachedModel
+
+    model = tiny_model("llama", 0)
+    masks: list[object] = []
+    real = type(model).forward
+
+    def spy(self, *args, **kwargs):
+        masks.append(kwargs.get("attention_mask"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    kv = CachedModel(model, 96)
+    with torch.inference_mode():
+        kv.prefill([3, 4, 5])
+        kv.forward([6], torch.tensor([3]), torch.ones(1, 1, dtype=torch.bool), 3)
+        kv.forward([7], torch.tensor([4]), torch.tensor([[False, True]]), 3)  # does not see row 3
+    assert masks[0] is not None and masks[1] is None and masks[2] is not None

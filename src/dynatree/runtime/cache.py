@@ -27,13 +27,19 @@ from dynatree.runtime.window import AttentionLayout, attention_layout, layer_mas
 from dynatree.tuning import PREFILL_CHUNK
 
 
-def new_cache(model: torch.nn.Module) -> DynamicCache:
+_FIND: Any = object()  # new_cache's "work the layout out from the model"
+
+
+def new_cache(model: torch.nn.Module, layout: AttentionLayout | None = _FIND) -> DynamicCache:
     """A fresh dynamic cache for ``model``; refuses layer types we cannot compact safely.
 
     Sliding-window layers get full-length layers: the window is applied by the mask
-    (:mod:`dynatree.runtime.window`), since HF's sliding layers drop and roll rows.
+    (:mod:`dynatree.runtime.window`), since HF's sliding layers drop and roll rows. ``layout``:
+    the model's :func:`~dynatree.runtime.window.attention_layout`, when the caller has it already
+    (reading it from the config walks every layer's settings: ~0.6 ms on SmolLM2-135M).
     """
-    layout = attention_layout(model)
+    if layout is _FIND:
+        layout = attention_layout(model)
     cache = DynamicCache(config=getattr(model, "config", None))
     if layout is not None:
         cache.layers = [DynamicLayer() if type(x) is DynamicSlidingWindowLayer else x for x in cache.layers]
@@ -104,10 +110,10 @@ class CachedModel:
         self.model = model
         self.vocab_size = vocab_size
         self.device, self.dtype = param.device, param.dtype
-        self.cache = new_cache(model)
-        self.calls = 0
         # Sliding-window layers (None: all full attention): their masks need each cache row's position.
         self.layout: AttentionLayout | None = attention_layout(model)
+        self.cache = new_cache(model, layout=self.layout)
+        self.calls = 0
         self.pos = torch.zeros(0, dtype=torch.long)
         # kernels/linear_plan.py: the few-row linear kernels by row count on CPU (True: the layout
         # tuned on the EPYC); never on sharded weights; packed weights only where a second copy of
@@ -115,18 +121,26 @@ class CachedModel:
         plan = fixed_plan() if cpu_linear is True else (cpu_linear or None)
         if plan is not None and not (plan.active and self.device.type == "cpu" and distributed.layout_allowed(model)):
             plan = None
-        if plan is not None and not packing_applies(model):
+        # (asked only of a plan that packs: the answer walks every parameter, ~0.7 ms on SmolLM2-135M)
+        if plan is not None and any(k == "packed" for _, k in plan.bands) and not packing_applies(model):
             plan = plan.without_packing()
         self.linear_plan: LinearPlan | None = plan
         self.cpu_linear = plan is not None
         self.packed_linear = plan is not None and any(k == "packed" for _, k in plan.bands)
 
-    def _layout(self) -> contextlib.AbstractContextManager:
-        return SmallBatchLinear(plan=self.linear_plan) if self.linear_plan is not None else contextlib.nullcontext()
+    def _layout(self, rows: int | None = None) -> contextlib.AbstractContextManager:
+        """The few-row kernels for a call of ``rows`` rows (None: any). A call whose row count the
+        plan leaves on ``F.linear`` runs without the mode: a TorchFunctionMode sees every torch call
+        of the forward, and its Python dispatch cost ~0.3x a one-row step of SmolLM2-135M on an
+        Intel Sapphire Rapids, where the plan keeps one-row calls on ``F.linear``."""
+        plan = self.linear_plan
+        if plan is None or (rows is not None and plan.kernel(rows) == "linear"):
+            return contextlib.nullcontext()
+        return SmallBatchLinear(plan=plan)
 
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states (what :class:`~dynatree.core.verify.LazyLogits` calls)."""
-        with self._layout():
+        with self._layout(hidden.numel() // hidden.shape[-1]):
             return self.head(hidden)
 
     @property
@@ -165,7 +179,7 @@ class CachedModel:
         the model without its LM head (``base_model``)."""
         self.calls += 1
         rows = len(tokens)
-        with self._layout(), grouped_kv(grouped_kv_applies(self.device, rows)):
+        with self._layout(rows), grouped_kv(grouped_kv_applies(self.device, rows)):
             out = (self.model.base_model if base else self.model)(
                 input_ids=torch.as_tensor(tokens, dtype=torch.long).view(1, -1).to(self.device),
                 attention_mask=self._mask(visible, since, positions),
@@ -182,11 +196,16 @@ class CachedModel:
         if self.layout is not None:
             self.pos = torch.cat([self.pos[:start], self.pos[torch.as_tensor(keep, dtype=torch.long)]])
 
-    def _mask(self, visible: torch.Tensor, since: int, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    def _mask(self, visible: torch.Tensor, since: int, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor] | None:
         """The call's additive mask; per layer type (sliding windows applied) for sliding-window models."""
         from dynatree.core.tree import attention_mask
 
         if self.layout is None:
+            if visible.shape[0] == 1 and bool(visible.all()):
+                # One row that sees every cached row (an autoregressive step, a draft's chain):
+                # no mask, the path HF's own generate takes (SDPA without a mask, grouped-query
+                # heads packed); an all-visible additive mask computes the same softmax slower.
+                return None
             return attention_mask(visible, since, self.dtype, self.device)
         q = visible.shape[0]
         allowed = torch.ones(q, since + visible.shape[1], dtype=torch.bool)
@@ -326,7 +345,7 @@ class StaticCachedModel(CachedModel):
         self.calls = 0
 
     def _raw_step(self, ids: torch.Tensor, mask: torch.Tensor | dict[str, torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
-        with self._layout():
+        with self._layout(ids.shape[-1]):
             if self._hidden:
                 return self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                              past_key_values=self.cache, use_cache=True).last_hidden_state
