@@ -134,7 +134,15 @@ step_packed_linear() {
   PYTHONPATH=src python $out/packed_linear.py --threads 2 --context 700 --out $out/packed_linear.json
 }
 
-steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks prose_draft verify_rows kv_append packed_linear"
+# issue 36 item 3: every strategy's two-token call against HF's generate (tiny pair; --real: the
+# embedded pair too); appends one line per run to per_call.jsonl (--label names the code)
+step_per_call() {
+  PYTHONPATH=src python $out/per_call.py --threads 1 --reps 300 --out $out/per_call.jsonl
+  PYTHONPATH=src python $out/per_call.py --threads 2 --reps 100 --out $out/per_call.jsonl
+  PYTHONPATH=src python $out/per_call.py --threads 1 --reps 50 --real --real-reps 15 --out $out/per_call.jsonl
+}
+
+steps="engines early_exit t06 sweep sweep_history sweep_gates streaming lengths fast_default compile_cost engine_ab head_layout linear_layout tree_blocks prose_draft verify_rows kv_append packed_linear per_call"
 for step in ${*:-$steps}; do
   if ! declare -F "step_$step" > /dev/null; then
     echo "unknown step '$step'; steps: $steps" >&2
