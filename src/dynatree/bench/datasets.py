@@ -54,7 +54,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dynatree.text import corpora
 from dynatree.text import prose
-from dynatree.text.files import read_utf8
+from dynatree.text.files import jsonl_records, read_utf8
 from dynatree.bench import instruct, specbench_questions
 from dynatree.catalog import PROMPT_SETS
 from dynatree.errors import DynaTreeError
@@ -190,13 +190,7 @@ def _read_local(path: Path) -> list[str]:
         prompts = [block.strip() for block in prose.paragraphs(content)]
     elif path.suffix == ".jsonl":
         prompts = []
-        for number, line in enumerate(content.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DynaTreeError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        for number, record in jsonl_records(content, path):
             text = record.get("text", record.get("prompt")) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise DynaTreeError(f"{path}:{number}: expected an object with a string field 'text' or 'prompt'")

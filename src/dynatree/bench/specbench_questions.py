@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from dynatree.errors import DynaTreeError
-from dynatree.text.files import read_utf8
+from dynatree.text.files import jsonl_records, read_utf8
 
 NAME = "spec-bench"  # the --dataset name, and the first field of every prompt id
 REPOSITORY = "hemingkx/Spec-Bench"
@@ -189,13 +189,7 @@ def read_questions(path: Path) -> list[Question]:
     """Every question of a Spec-Bench-format file, in file order; one-line errors name the line."""
     questions: list[Question] = []
     seen: set[str] = set()
-    for number, line in enumerate(read_utf8(path, "question file").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DynaTreeError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    for number, record in jsonl_records(read_utf8(path, "question file"), path):
         question = _question(record, f"{path}:{number}")
         if str(question.question_id) in seen:
             raise DynaTreeError(f"{path}:{number}: question_id {question.question_id!r} appears twice")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import codecs
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from dynatree.errors import DynaTreeError
 
@@ -28,3 +31,15 @@ def read_utf8(path: Path, what: str = "prompt file") -> str:
         raise DynaTreeError(f"{what} {path} has a NUL byte at byte offset {nul} (a UTF-16 or binary file?); "
                             "save it as UTF-8 text")
     return content
+
+
+def jsonl_records(content: str, path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` for each non-blank line of a JSONL file's ``content``; a line
+    that is not JSON is refused in one line naming ``path`` and the line."""
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DynaTreeError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
