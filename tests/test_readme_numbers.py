@@ -1,47 +1,73 @@
-"""The README's headline table says what its results file says.
+"""The README's headline tables say what their results files say.
 
-The table ("Which to pick", the speedup of every draft source per instruct category) is parsed from
-the README, the results file is the one ``.jsonl`` path cited in the paragraph above it, and every
+Two tables: the Spec-Bench one (speedup of each method over HF's own greedy ``generate`` per
+Spec-Bench task, on Spec-Bench's own questions) and the instruct one ("Which to pick", the speedup
+of every draft source over our autoregressive decoding per instruct category). Each is parsed from
+the README, its results file is the one ``.jsonl`` path cited in the paragraph above it, and every
 cell is recomputed from that file's rows with the one aggregation the README states under the
-table and ``dynatree report`` prints (``specbench_tables``, Spec-Bench's: per category, the mean
-tokens per second of a method over that of the reference autoregressive rows of the same run;
-overall, the mean of the category speedups). Each printed figure must equal the recomputed one
-rounded as printed, and the bold cells of a row must be its largest figures. The aggregation
-itself is checked against sums computed by hand in tests/test_specbench.py.
+table and ``dynatree report`` prints (``specbench_tables``, Spec-Bench's: per task, the mean
+tokens per second of a method over that of the reference rows of the same run; overall, the mean
+of the task speedups). Each printed figure must equal the recomputed one rounded as printed, and
+the bold cells of a row must be its largest figures. The aggregation itself is checked against
+sums computed by hand in tests/test_specbench.py.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from dynatree.bench.instruct import CATEGORIES
 from dynatree.bench.specbench import specbench_tables
+from dynatree.bench.specbench_questions import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-TABLE_HEADER = "| workload |"
-# The README's words for the bench's labels and categories.
-COLUMNS = {"draft model alone": "model", "text alone (`--draft none`)": "text",
-           "both (`--text`, default)": "hybrid", "HF prompt lookup": "hf-prompt-lookup"}
-ROWS = {"chat": "chat", "summarize a passage": "summarize", "answer over a passage": "qa",
-        "rewrite": "rewrite", "edit code": "code", "math": "math", "overall": "overall"}
 FIGURE = re.compile(r"\*\*(\d+\.\d+)x\*\*|(\d+\.\d+)x")
 CITED = re.compile(r"`([\w./-]+\.jsonl)`")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One README table: its first header cell, the README's words for the bench's labels (columns)
+    and tasks (rows), and which reference its speedups are over (``"hf"``: HF generate)."""
+
+    header: str
+    columns: dict[str, str]
+    rows: dict[str, str]
+    tasks: tuple[str, ...]
+    over: str = "ar"
+
+
+SPEC_BENCH = Headline(
+    "| Spec-Bench task |",
+    {"default (model + text)": "hybrid", "text alone": "text", "our autoregressive": "autoregressive",
+     "HF prompt lookup": "hf-prompt-lookup", "HF assisted": "hf-assisted"},
+    {"MT-bench": "mt_bench", "translation": "translation", "summarization": "summarization", "QA": "qa",
+     "math reasoning": "math_reasoning", "RAG": "rag", "overall": "overall"},
+    TASKS, over="hf")
+INSTRUCT = Headline(
+    "| workload |",
+    {"draft model alone": "model", "text alone (`--draft none`)": "text", "both (`--text`, default)": "hybrid",
+     "HF prompt lookup": "hf-prompt-lookup"},
+    {"chat": "chat", "summarize a passage": "summarize", "answer over a passage": "qa", "rewrite": "rewrite",
+     "edit code": "code", "math": "math", "overall": "overall"},
+    tuple(CATEGORIES))
 
 
 def cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def headline(text: str) -> tuple[str, list[str], list[list[str]]]:
+def headline(text: str, header: str) -> tuple[str, list[str], list[list[str]]]:
     """(the paragraph above the table, the header cells, the body rows' cells)."""
     lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(TABLE_HEADER)]
-    assert len(starts) == 1, f"expected one table headed {TABLE_HEADER!r} in README.md, found {len(starts)}"
+    starts = [i for i, line in enumerate(lines) if line.startswith(header)]
+    assert len(starts) == 1, f"expected one table headed {header!r} in README.md, found {len(starts)}"
     start = starts[0]
     end = start + 2  # past the header and the |---| line
     while end < len(lines) and lines[end].startswith("|"):
@@ -63,30 +89,33 @@ def figure(cell: str) -> tuple[str, bool]:
     return match.group(1) or match.group(2), match.group(1) is not None
 
 
-@pytest.fixture(scope="module")
-def table() -> tuple[Path, list[str], list[list[str]]]:
-    paragraph, header, body = headline(README.read_text(encoding="utf-8"))
+@pytest.fixture(scope="module", params=[SPEC_BENCH, INSTRUCT], ids=["spec-bench", "instruct"])
+def table(request) -> tuple[Headline, Path, list[str], list[list[str]]]:
+    spec: Headline = request.param
+    paragraph, header, body = headline(README.read_text(encoding="utf-8"), spec.header)
     cited = CITED.findall(paragraph)
     assert len(cited) == 1, f"the paragraph above the table must cite one results file, cites {cited}"
-    return ROOT / cited[0], header, body
+    return spec, ROOT / cited[0], header, body
 
 
 def test_every_figure_is_recomputed_from_the_cited_results_file(table) -> None:
-    path, header, body = table
+    spec, path, header, body = table
     assert path.is_file(), f"README cites {path.relative_to(ROOT)}, which does not exist"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     (recomputed,) = specbench_tables(rows)  # one setup: one run of one machine and settings
-    labels = [COLUMNS[name] for name in header[1:]]
+    labels = [spec.columns[name] for name in header[1:]]
     missing = [label for label in labels if label not in recomputed.methods]
     assert not missing, f"{path.name} has no rows labelled {missing}"
-    assert set(recomputed.categories) == set(CATEGORIES), "the table's overall needs every category"
-    printed_rows = {ROWS[row[0].strip("*")]: row[1:] for row in body}
-    assert set(printed_rows) == set(CATEGORIES) | {"overall"}, f"rows: {sorted(printed_rows)}"
+    assert set(recomputed.categories) == set(spec.tasks), "the table's overall needs every task"
+    speedup, overall = ((recomputed.hf_speedup, recomputed.hf_overall) if spec.over == "hf"
+                        else (recomputed.speedup, recomputed.overall))
+    printed_rows = {spec.rows[row[0].strip("*")]: row[1:] for row in body}
+    assert set(printed_rows) == set(spec.tasks) | {"overall"}, f"rows: {sorted(printed_rows)}"
     wrong = []
     for row, printed in printed_rows.items():
         assert len(printed) == len(labels), f"row {row!r} has {len(printed)} cells for {len(labels)} columns"
         for label, cell in zip(labels, printed):
-            value = recomputed.overall[label] if row == "overall" else recomputed.speedup[label][row]
+            value = overall[label] if row == "overall" else speedup[label][row]
             assert value is not None, f"{path.name} has no {label} rows for {row}"
             shown, _ = figure(cell)
             if shown != f"{value:.2f}":
@@ -95,7 +124,7 @@ def test_every_figure_is_recomputed_from_the_cited_results_file(table) -> None:
 
 
 def test_bold_marks_the_best_figures_of_each_row(table) -> None:
-    _, _, body = table
+    _, _, _, body = table
     for row in body:
         figures = [figure(cell) for cell in row[1:]]
         best = max(float(shown) for shown, _ in figures)
@@ -105,7 +134,7 @@ def test_bold_marks_the_best_figures_of_each_row(table) -> None:
 
 def test_every_row_of_the_cited_run_equals_the_autoregressive_output(table) -> None:
     """The README says so under the table; the bench compared each row with the run's own AR output."""
-    path, _, _ = table
+    _, path, _, _ = table
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     checked = [r for r in rows if r["strategy"] != "autoregressive"]
     assert checked, f"{path.name} has no speculative rows"
