@@ -64,7 +64,7 @@ class TreeBuilder:
     tensor appends would cost more than the arithmetic they store.
     """
 
-    def __init__(self, root_token: int, max_rows: int | None = None) -> None:
+    def __init__(self, root_token: int, max_rows: int | None = None, depth_limit: int | None = None) -> None:
         """``max_rows``: the most rows (root included) the engine can verify in one call (the
         static engine's largest bucket; None: no limit). Every policy and source sizes its tree
         with :meth:`cap`, so a default budget larger than the engine's bucket shrinks to it instead
@@ -72,6 +72,9 @@ class TreeBuilder:
         if max_rows is not None and max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.max_rows = max_rows
+        #: the deepest node this round could still commit (the tokens left to generate; None: no
+        #: limit): a child of a node at this depth would be drafted and verified for nothing
+        self.depth_limit = depth_limit
         self.tokens: list[int] = [int(root_token)]
         self.parent: list[int] = [-1]
         self.depth: list[int] = [0]
@@ -85,6 +88,10 @@ class TreeBuilder:
     def cap(self, nodes: int) -> int:
         """A drafted-node budget of ``nodes`` limited to what the engine can verify."""
         return nodes if self.max_rows is None else min(nodes, self.max_rows - 1)
+
+    def deepens(self, node: int) -> bool:
+        """Whether a child of ``node`` could still be committed this round (see ``depth_limit``)."""
+        return self.depth_limit is None or self.depth[node] < self.depth_limit
 
     def add(self, parent: int, token: int, logq: float) -> int:
         """Append a child of ``parent``; returns the new node's index."""

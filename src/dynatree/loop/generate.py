@@ -251,7 +251,8 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         t0 = clock()
         # 1. Draft: the source grows a tree under the root (a model source: the policy decides
         #    the shape, one draft call per level), unless the back-off says a plain step pays more.
-        builder = TreeBuilder(root, target.max_tree_rows)
+        # (no deeper than the tokens left: a deeper node could never be committed)
+        builder = TreeBuilder(root, target.max_tree_rows, depth_limit=max_new_tokens - len(out))
         drafting = source is not None and (backoff is None or backoff.should_draft())
         if drafting:
             source.draft(builder, policy)

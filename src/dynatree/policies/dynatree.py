@@ -185,7 +185,7 @@ class DynaTree(DraftPolicy):
         frontier = add_top_children(tree, 0, logp, root_b, budget)
         while frontier:
             room = budget - (len(tree) - 1)
-            expand = [u for u in frontier if self.expandable(tree.depth[u], tree.cum_logq[u])][:room]
+            expand = [u for u in frontier if self.expandable(tree.depth[u], tree.cum_logq[u]) and tree.deepens(u)][:room]
             if not expand or (costed and not self._worth_expanding(tree, expand)):
                 break
             logps = torch.log_softmax(drafter.forward(expand), -1)

@@ -59,7 +59,7 @@ class FixedTree(DraftPolicy):
         for _ in range(cfg.depth):
             room = budget - (len(tree) - 1)
             # Nodes past the remaining budget could not receive a child: do not pay for them.
-            expand = [u for u in frontier if tree.cum_logq[u] >= log_tau][:room]
+            expand = [u for u in frontier if tree.cum_logq[u] >= log_tau and tree.deepens(u)][:room]
             if not expand:
                 break
             logits = drafter.forward(expand)
