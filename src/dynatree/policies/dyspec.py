@@ -83,8 +83,9 @@ class SampledTreePolicy(DraftPolicy):
         self.depth_limit = depth
 
     def _may_expand(self, tree: TreeBuilder, node: int) -> bool:
-        """Whether ``node`` may receive children under the depth limit."""
-        return self.depth_limit is None or tree.depth[node] < self.depth_limit
+        """Whether ``node`` may receive children under the depth limit (the run's, and this round's:
+        the tokens left to generate)."""
+        return (self.depth_limit is None or tree.depth[node] < self.depth_limit) and tree.deepens(node)
 
     def max_depth(self) -> int:
         budget = self.config.max_nodes
