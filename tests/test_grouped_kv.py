@@ -68,8 +68,16 @@ def test_multi_row_calls_read_the_cache_in_place_and_one_row_calls_do_not(monkey
         tree_forward(kv, _chain(7, [12, 40]), "bfs")
         assert seen and all(s == (4, 2, True) for s in seen)
         seen.clear()
-        tree_forward(kv, _chain(7, []), "bfs")  # one row: HF's packed path, no enable_gqa
-        assert seen and not any(gqa for _, _, gqa in seen)
+        switch: list[str | None] = []
+        real = F.scaled_dot_product_attention  # (the spy above)
+
+        def note_switch(*args, **kwargs):
+            switch.append(os.environ.get(grouped_kv.ENV))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", note_switch)
+        tree_forward(kv, _chain(7, []), "bfs")  # one row: HF's own path (no mask, as its generate
+        assert seen and switch and not any(switch)  # steps), our switch left unset
     assert grouped_kv.ENV not in os.environ
 
 

@@ -229,14 +229,22 @@ def test_eos_inside_an_accepted_text_branch(arch: str, source: str) -> None:
 
 
 def budget_case(arch: str, source: str) -> tuple[int, tuple[int, ...], Recorder]:
-    """max_new_tokens = the output up to an accepted text node that has more accepted after it."""
+    """max_new_tokens = the output up to an accepted text node that has more accepted after it.
+
+    The run with that budget must reproduce the cut: its last rounds may be shaped differently (no
+    tree is deeper than the tokens left), so the first such node whose budget run still ends inside
+    an accepted text branch is taken."""
     _, rec = full_run(arch, source)
-    pos = next((p for p, i, j in accepted_text_nodes(rec) if j < len(rec.rounds[i][0].path) - 1), None)
-    if pos is None:
+    candidates = [p for p, i, j in accepted_text_nodes(rec) if j < len(rec.rounds[i][0].path) - 1]
+    if not candidates:
         pytest.fail(f"{arch}/{source}: no accepted text node with more accepted after it")
-    n = pos + 1
-    out, rec2, _ = run(arch, source, "dynatree", repeating_prompt(arch), n)
-    return n, out, rec2
+    for pos in candidates:
+        n = pos + 1
+        out, rec2, _ = run(arch, source, "dynatree", repeating_prompt(arch), n)
+        last, text, _ = rec2.rounds[-1]
+        if len(last.tokens) < len(last.path) and last.path[len(last.tokens) - 1] in text:
+            return n, out, rec2
+    pytest.fail(f"{arch}/{source}: no budget ends a run inside an accepted text branch")
 
 
 @pytest.mark.parametrize("source", SOURCES)
