@@ -125,12 +125,10 @@ def test_sampled_runs_and_plain_decoding_have_no_backoff() -> None:
     generate(target, None, ids, "autoregressive", max_new_tokens=8, backoff=never)
 
 
-def test_the_default_reads_the_environment(tmp_path) -> None:
-    import subprocess
-    import sys
+def test_the_default_reads_the_environment_at_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read per call, not once at import: switching it after ``import dynatree`` takes effect."""
+    from dynatree.loop import backoff
 
-    code = "from dynatree.loop import backoff; print(backoff.ENABLED)"
-    for value, want in (("off", "False"), ("on", "True")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={"DYNATREE_BACKOFF": value, "PATH": ""})
-        assert out.stdout.strip() == want
+    for value, want in (("off", False), ("on", True), ("0", False), ("ON", True)):
+        monkeypatch.setenv("DYNATREE_BACKOFF", value)
+        assert backoff.enabled() is want

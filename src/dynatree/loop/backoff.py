@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from dynatree import tuning
 from dynatree.errors import check
 
-#: What ``generate(backoff=None)`` does: on, unless ``DYNATREE_BACKOFF=off``. (The test suite sets
-#: that for every test that does not pass its own ``backoff``: no test's tree statistics may
-#: depend on the machine's timing.)
-ENABLED = os.environ.get("DYNATREE_BACKOFF", "on").lower() not in ("off", "0", "false")
+def enabled() -> bool:
+    """What ``generate(backoff=None)`` does: on, unless ``DYNATREE_BACKOFF=off``, read at every call
+    (not once at import: a setting made after ``import dynatree`` takes effect). The test suite
+    sets it for every test that does not pass its own ``backoff``: no test's tree statistics may
+    depend on the machine's timing."""
+    return os.environ.get("DYNATREE_BACKOFF", "on").lower() not in ("off", "0", "false")
 
 
 @dataclass

@@ -99,7 +99,7 @@ def generate(
         backoff: decode plain (one target step, no drafting) while speculative rounds commit
             tokens more slowly than plain steps do, probing again later
             (:class:`~dynatree.loop.backoff.Backoff`; a ``Backoff`` instance sets its thresholds;
-            None: on, see ``dynatree.loop.backoff.ENABLED``).
+            None: on unless ``DYNATREE_BACKOFF=off``, read per call).
             Greedy runs only: the output is the same either way; a sampled run's random draws
             would depend on timing. Off under tensor parallelism (ranks must build equal trees).
         on_round: called after every round with its :class:`~dynatree.core.stats.RoundEvent` (the
@@ -182,7 +182,7 @@ def generate(
             on_round = recorder
         pacer = None
         if backoff is None:
-            backoff = backoff_module.ENABLED
+            backoff = backoff_module.enabled()
         if backoff is not False and source is not None and sampling.greedy and sync is None:
             pacer = backoff if isinstance(backoff, Backoff) else Backoff()
         run = Run(max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling, rng,
