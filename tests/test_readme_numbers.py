@@ -1,11 +1,12 @@
-"""The README's headline tables say what their results files say.
+"""The headline tables of the README and the docs say what their results files say.
 
 Two tables: the Spec-Bench one (speedup of each method over HF's own greedy ``generate`` per
-Spec-Bench task, on Spec-Bench's own questions) and the instruct one ("Which to pick", the speedup
-of every draft source over our autoregressive decoding per instruct category). Each is parsed from
-the README, its results file is the one ``.jsonl`` path cited in the paragraph above it, and every
-cell is recomputed from that file's rows with the one aggregation the README states under the
-table and ``dynatree report`` prints (``specbench_tables``, Spec-Bench's: per task, the mean
+Spec-Bench task, on Spec-Bench's own questions), in the README and again on the docs' results
+page, and the instruct one ("Which to pick", the speedup of every draft source over our
+autoregressive decoding per instruct category), on the docs' results page. Each is parsed from
+the page that prints it, its results file is the one ``.jsonl`` path cited in the paragraph above
+it, and every cell is recomputed from that file's rows with the one aggregation the page states
+under the table and ``dynatree report`` prints (``specbench_tables``, Spec-Bench's: per task, the mean
 tokens per second of a method over that of the reference rows of the same run; overall, the mean
 of the task speedups). Each printed figure must equal the recomputed one rounded as printed, and
 the bold cells of a row must be its largest figures. The aggregation itself is checked against
@@ -27,13 +28,14 @@ from dynatree.bench.specbench_questions import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+RESULTS = ROOT / "docs" / "results.md"  # the docs page that holds the instruct table
 FIGURE = re.compile(r"\*\*(\d+\.\d+)x\*\*|(\d+\.\d+)x")
 CITED = re.compile(r"`([\w./-]+\.jsonl)`")
 
 
 @dataclass(frozen=True)
 class Headline:
-    """One README table: its first header cell, the README's words for the bench's labels (columns)
+    """One headline table: its first header cell, the page's words for the bench's labels (columns)
     and tasks (rows), and which reference its speedups are over (``"hf"``: HF generate)."""
 
     header: str
@@ -63,11 +65,11 @@ def cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def headline(text: str, header: str) -> tuple[str, list[str], list[list[str]]]:
+def headline(text: str, header: str, page: str = "README.md") -> tuple[str, list[str], list[list[str]]]:
     """(the paragraph above the table, the header cells, the body rows' cells)."""
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(header)]
-    assert len(starts) == 1, f"expected one table headed {header!r} in README.md, found {len(starts)}"
+    assert len(starts) == 1, f"expected one table headed {header!r} in {page}, found {len(starts)}"
     start = starts[0]
     end = start + 2  # past the header and the |---| line
     while end < len(lines) and lines[end].startswith("|"):
@@ -89,10 +91,23 @@ def figure(cell: str) -> tuple[str, bool]:
     return match.group(1) or match.group(2), match.group(1) is not None
 
 
-@pytest.fixture(scope="module", params=[SPEC_BENCH, INSTRUCT], ids=["spec-bench", "instruct"])
+#: (table, the page that prints it): the README's one table, and the docs' results page, which
+#: repeats the Spec-Bench table and holds the instruct one.
+PRINTED = [(SPEC_BENCH, README), (SPEC_BENCH, RESULTS), (INSTRUCT, RESULTS)]
+
+
+def test_the_readme_has_one_headline_table_and_the_results_page_the_instruct_one() -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert not any(line.startswith(INSTRUCT.header) for line in readme.splitlines()), \
+        "the instruct table lives on docs/results.md, where this test checks it"
+    headline(RESULTS.read_text(encoding="utf-8"), INSTRUCT.header, "docs/results.md")
+
+
+@pytest.fixture(scope="module", params=PRINTED, ids=["spec-bench", "spec-bench-docs", "instruct-docs"])
 def table(request) -> tuple[Headline, Path, list[str], list[list[str]]]:
-    spec: Headline = request.param
-    paragraph, header, body = headline(README.read_text(encoding="utf-8"), spec.header)
+    spec, page = request.param
+    paragraph, header, body = headline(page.read_text(encoding="utf-8"), spec.header,
+                                       str(page.relative_to(ROOT)))
     cited = CITED.findall(paragraph)
     assert len(cited) == 1, f"the paragraph above the table must cite one results file, cites {cited}"
     return spec, ROOT / cited[0], header, body
@@ -100,7 +115,7 @@ def table(request) -> tuple[Headline, Path, list[str], list[list[str]]]:
 
 def test_every_figure_is_recomputed_from_the_cited_results_file(table) -> None:
     spec, path, header, body = table
-    assert path.is_file(), f"README cites {path.relative_to(ROOT)}, which does not exist"
+    assert path.is_file(), f"the page cites {path.relative_to(ROOT)}, which does not exist"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     (recomputed,) = specbench_tables(rows)  # one setup: one run of one machine and settings
     labels = [spec.columns[name] for name in header[1:]]
@@ -119,8 +134,8 @@ def test_every_figure_is_recomputed_from_the_cited_results_file(table) -> None:
             assert value is not None, f"{path.name} has no {label} rows for {row}"
             shown, _ = figure(cell)
             if shown != f"{value:.2f}":
-                wrong.append(f"{row} / {label}: README {shown}x, {path.name} {value:.4f}x")
-    assert not wrong, "README figures that the results file does not give:\n" + "\n".join(wrong)
+                wrong.append(f"{row} / {label}: printed {shown}x, {path.name} {value:.4f}x")
+    assert not wrong, "printed figures that the results file does not give:\n" + "\n".join(wrong)
 
 
 def test_bold_marks_the_best_figures_of_each_row(table) -> None:
@@ -133,7 +148,7 @@ def test_bold_marks_the_best_figures_of_each_row(table) -> None:
 
 
 def test_every_row_of_the_cited_run_equals_the_autoregressive_output(table) -> None:
-    """The README says so under the table; the bench compared each row with the run's own AR output."""
+    """The page says so under the table; the bench compared each row with the run's own AR output."""
     _, path, _, _ = table
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     checked = [r for r in rows if r["strategy"] != "autoregressive"]

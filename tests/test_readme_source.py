@@ -1,5 +1,6 @@
-"""The README's toy draft source runs as printed: registered from outside the package, it drives
-generate() without the loop knowing its kind, and the output stays the target's own."""
+"""The documentation's toy draft source (docs/draft-sources.md, "A draft source of your own"; it
+was the README's) runs as printed: registered from outside the package, it drives generate()
+without the loop knowing its kind, and the output stays the target's own."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tiny import tiny_model
 from dynatree import StoppingConfig, generate
 from dynatree.drafts import registry
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "draft-sources.md"  # the page that prints the block
 NEVER = StoppingConfig(eos_token_id=())
 
 
@@ -25,18 +26,18 @@ def readme_block() -> str:
 
 def load(source: str) -> dict:
     namespace: dict = {}
-    exec(compile(source, str(README), "exec"), namespace)  # noqa: S102 - the README's own example
+    exec(compile(source, str(README), "exec"), namespace)  # noqa: S102 - the docs' own example
     return namespace
 
 
 @pytest.fixture
 def sources(monkeypatch):
-    """The registry as it was after the test (the README block registers its source)."""
+    """The registry as it was after the test (the docs block registers its source)."""
     monkeypatch.setattr(registry, "SOURCES", list(registry.SOURCES))
 
 
 def run(source: str) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(AR output, output with the README source, most nodes accepted in one round)."""
+    """(AR output, output with the docs' source, most nodes accepted in one round)."""
     space = load(source)
     target = tiny_model("llama")
     prompt = [5, 9, 14, 3, 22, 7]
