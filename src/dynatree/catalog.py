@@ -115,7 +115,7 @@ DRAFT_TEMPERATURE = 0.6  # DySpec's draft temperature for every target temperatu
 
 #: ``dynatree generate`` and ``dynatree chat``: whether the text itself (prompt and answer so far)
 #: drafts beside the draft model by default (``--text/--no-text``). On: on the six instruct sets
-#: (2-core EPYC, benchmarks/instruct/) the hybrid tree was the fastest configuration or within
+#: (2-core EPYC) the hybrid tree was the fastest configuration or within
 #: noise of it in every category, and never below our autoregressive decoding.
 TEXT_DEFAULT = True
 #: ``dynatree chat``: tokens of earlier replies the text source keeps across turns.

@@ -3,8 +3,8 @@ was measured. The modules that use them import them from here (and keep the name
 still patch ``dynatree.runtime.engines.AUTO_MIN_PARAMS`` and the like).
 
 Machines named below: "the 2-core EPYC" is the project's CI machine (2-core AMD EPYC VM, torch
-2.x with MKL, float32); "the H200" is one NVIDIA H200, torch 2.11 + CUDA 13, float16
-(``benchmarks/gpu/h200``). A number measured on one machine is a default, not a law: each has a
+2.x with MKL, float32); "the H200" is one NVIDIA H200, torch 2.11 + CUDA 13, float16 (the
+results with their machines: the documentation's Results and Performance notes pages). A number measured on one machine is a default, not a law: each has a
 keyword or an option that overrides it. No torch here: the CLI's ``--help`` reads this module.
 """
 
@@ -14,12 +14,11 @@ from __future__ import annotations
 #: DynaTree's drafted-node budget when ``max_nodes`` is None and no cost profile is measured.
 #: CPU: on the 2-core EPYC a verify of root + 3 nodes (4 rows) costs about one autoregressive
 #: step with the few-row linear layout, 5+ rows cost ~1.5x (BLAS switches kernels above 4 rows):
-#: 1.04x over compiled AR with 3 nodes against 0.85x with 4, same run
-#: (``benchmarks/cpu/engines.jsonl``). CUDA: on the H200 a compiled verify of a
+#: 1.04x over compiled AR with 3 nodes against 0.85x with 4, same run. CUDA: on the H200 a compiled verify of a
 #: Pythia-2.8B-shaped target costs 1.24x one step at 32 rows and 1.45x at 64; 64 is not swept.
 #: Re-checked on the CPU after its verify passes got cheaper (4 rows 1.8x -> 1.3x a step): 6
 #: nodes ran at 0.99x alone and 1.97x in the hybrid against 1.07x and 2.05x with 3, same run
-#: (``benchmarks/instruct/verify-cost/budget.jsonl``).
+#: (the 2-core EPYC, the instruct sets).
 DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}
 
 # --------------------------------------------------------------------------- engines
@@ -37,8 +36,7 @@ CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
 CPU_LINEAR_MAX_ROWS = 64
 #: From this many rows the few-row layout multiplies by weights pre-packed for oneDNN: a verify
 #: pass of 8 / 16 / 24 rows then cost 1.41 / 1.78 / 2.19 one-row steps instead of 1.81 / 2.45 /
-#: 3.04, 4 rows the same 1.29 (``benchmarks/cpu/packed_linear.json``); per matrix, 1-2 rows were
-#: slower packed (``benchmarks/instruct/packed/README.md``).
+#: 3.04, 4 rows the same 1.29 (the 2-core EPYC); per matrix, 1-2 rows were slower packed.
 CPU_PACKED_MIN_ROWS = 4
 #: Packed copies double a model's weight memory, so only models of at most this many bytes of
 #: fp32 weights get them (the embedded pair: 0.54 GB + 0.04 GB).
@@ -57,7 +55,7 @@ TREE_ATTENTION_BLOCK = 32
 #: The text source's defaults (``TextDraft``): most nodes per round, the proposal's probability
 #: floor, and its depth cap ``min(MAX_SPEC, ceil(ALPHA * match length))`` (SuffixDecoding's
 #: ``max_spec = alpha * match_len``); with a draft model, the expected accepted length from which
-#: the model sits the round out. The grid of ``benchmarks/suffix/acceptance.py`` chose alpha = 8
+#: the model sits the round out. A grid over the text source's settings chose alpha = 8
 #: (alpha = 1, ArcticInference's default, committed 12-28% less; 16 was within 2.5%) and the floor
 #: (0 gains 2-5% but grows trees no CPU verify can afford); 16 nodes fit the CPU's verify of a text
 #: proposal, whose nodes are chains more than fans.
@@ -69,7 +67,7 @@ TEXT_CONFIDENT = 2.0
 #: Tokens a hybrid tree's draft model must add per call, beyond what the text's own nodes would
 #: have had accepted, to keep being called where the text is unsure (``drafts.model_gate``): about
 #: what a call costs on the 2-core EPYC in plain steps -- 2-3 draft forwards of 0.08 step each
-#: (``benchmarks/distill/README.md``) plus its 3 verify rows (~0.1 step on ``TEXT_COST_CURVE``).
+#: plus its 3 verify rows (~0.1 step on ``TEXT_COST_CURVE``).
 #: 0 calls the model in every unsure round (the behaviour before the gate).
 TEXT_MODEL_MIN_GAIN = 0.3
 #: Verify cost (relative to a one-row step) by rows, root included, that ``TextDraft(trim=True)``
@@ -78,15 +76,15 @@ TEXT_MODEL_MIN_GAIN = 0.3
 #: linearly and extended past the last point by the last segment's slope. Relative costs suffice:
 #: with no other round cost counted, the best node count is the same at any scale.
 #: CPU: the 2-core EPYC, 2 threads, eager hf engine with the few-row layout (row-major results)
-#: and the grouped KV cache read in place, the instruct sets' prompts
-#: (``benchmarks/instruct/verify-cost/cpu.jsonl``, 2026-11-24, quiet machine): median ``t_verify`` of
+#: and the grouped KV cache read in place, the instruct sets' prompts (2026-11-24, quiet
+#: machine): median ``t_verify`` of
 #: the rounds of each tree size over the median one-row round (38.8 ms, 3648 rounds): 2 rows 1.04
-#: (15 rounds), 4 rows 1.22 (1164), 17 rows 2.59 (215); 9 rows from ``benchmarks/cpu/verify_rows.py``
-#: (8 rows 1.80, 12 rows 2.53). Measured before verify passes of 4+ rows used packed weights
+#: (15 rounds), 4 rows 1.22 (1164), 17 rows 2.59 (215); 9 rows from a separate timing of verify
+#: calls by row count (8 rows 1.80, 12 rows 2.53). Measured before verify passes of 4+ rows used packed weights
 #: (``CPU_PACKED_MIN_ROWS``; a 16-row pass fell from 2.45 to 1.78): not yet re-measured. Before those two fixes the same tree sizes cost 1.50 / 1.61 / 2.48 (9
 #: rows) / 2.85: every multi-row call copied the KV cache per query head. CUDA: flat -- on the H200 a
-#: hf-engine verify of a Pythia-2.8B-shaped target costs 1.00-1.03x one step from 1 to 32 rows
-#: (``benchmarks/gpu/h200/costs.md``), so every node of a proposal (path probability >= 0.1) pays
+#: hf-engine verify of a Pythia-2.8B-shaped target costs 1.00-1.03x one step from 1 to 32 rows,
+#: so every node of a proposal (path probability >= 0.1) pays
 #: and the full budget stays. Other devices: none, no trim.
 TEXT_COST_CURVE: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
     "cpu": ((1, 2, 4, 9, 17), (1.0, 1.04, 1.22, 2.0, 2.59)),
@@ -94,7 +92,7 @@ TEXT_COST_CURVE: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
 }
 #: Memory of the per-step acceptance rate that calibrates the text's path probabilities before the
 #: cut (``drafts.suffix.StepAcceptance``): each round's evidence decays by this factor, ~8 rounds,
-#: the window DynaTree's own calibration averages over. ``benchmarks/suffix/trim_replay.py`` (the
+#: the window DynaTree's own calibration averages over. A replay (the
 #: text source replayed on the twelve recorded instruct outputs, no back-off, the CPU curve above
 #: as the cost): the modeled verify cost per committed token fell from 0.653 one-row steps
 #: (whole proposals; 0.644 cut on raw probabilities) to 0.538 (chat 1.15 -> 0.81, rewrite 0.261 ->

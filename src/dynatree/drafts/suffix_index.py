@@ -35,8 +35,9 @@ Why hand-written: the index must be updated incrementally, must count, and must 
 The PyPI ``arctic-inference`` 0.3 is an sdist whose build pins torch 2.10, CMake and nanobind and is
 a vLLM plugin (the only pure wheel, 0.0.4, predates suffix decoding); ``suffix-tree`` /
 ``pysuffixarray`` build static string indexes with neither counts nor removal. Plain Python with
-``__slots__`` nodes and dict children measures well inside the per-round budget (see
-``benchmarks/suffix/cost.py``).
+``__slots__`` nodes and dict children measures well inside the per-round budget: on a 2-core AMD
+EPYC VM a round (extend by 3 tokens, propose 16 nodes) over a 4,000-token context took 24-42 us
+median, against a target step of 30-50 ms for SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -354,7 +355,7 @@ class SuffixIndex:
         than ``min(max_spec, ceil(alpha * match_len))`` (SuffixDecoding's MAX_SPEC = alpha * p).
         Proposes nothing when the match is shorter than ``min_match``.
 
-        The defaults come from ``benchmarks/suffix/acceptance.py``: ArcticInference's alpha = 1
+        The defaults come from a grid over these settings: ArcticInference's alpha = 1
         drafts a single token after a one-token match and committed 12-28% less per round than
         alpha = 8 at budget 32 (alpha = 16 was within 2.5% of 8); a 16-level cap in a 32-deep trie
         wasted budgets above 16. ``min_prob = 0.1`` is ArcticInference's; 0 fills the budget and

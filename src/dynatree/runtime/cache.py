@@ -408,7 +408,7 @@ class StaticCachedModel(CachedModel):
         return rows.clone()
 
     # Dynamo checks every guard of a compiled step before each call: on a CPU that was about 2.6 ms
-    # per call for a tiny model (cProfile, benchmarks/history/cpu-log.md), several times per round. Once
+    # per call for a tiny model (cProfile, 2-core AMD EPYC VM), several times per round. Once
     # a bucket's graph exists nothing a later call changes can invalidate it (same model, same cache
     # tensors, same shapes), so later calls run only the guards that tell the existing graphs
     # apart (torch.compiler.set_stance(skip_guard_eval_unsafe=True), made for this warm-up-then-

@@ -15,8 +15,8 @@ generator: each rank drew different children). So:
   bonus token (and, when the run draws random numbers, its generator state) once per round, so
   even logits that differed between ranks in the last bit (a near-tie under a non-deterministic
   reduction) could not make the ranks commit different tokens or fall out of step. One small
-  broadcast per round; ``benchmarks/tp/`` measures it against the alternative of broadcasting
-  every random draw from rank 0.
+  broadcast per round, timed on CPU (gloo) against the alternative of broadcasting every random
+  draw from rank 0.
 * **no CPU-specific layout on sharded weights**: the few-row linear layout
   (:mod:`dynatree.runtime.kernels.cpu_linear`) returns a non-contiguous one-row output, and the row-wise
   layers' in-place all-reduce (gloo) then reduces a contiguous copy and drops the result, so the

@@ -61,7 +61,7 @@ class DistillConfig:
     #: Feature drafts: what the head reads of the target. "auto" (the default for feature drafts,
     #: filled in from "") = a low, a middle and a high layer fused (EAGLE-3: the outputs of decoder
     #: layers 2, N/2 and N-3 of N), which agreed 4.6 points more often on instruct answers than the
-    #: final hidden state alone (benchmarks/distill/feature-mix); "final" = the final hidden state
+    #: final hidden state alone (2-core AMD EPYC VM); "final" = the final hidden state
     #: (EAGLE); or comma-separated layer numbers (1 .. N-1; layer i's output).
     feature_layers: str = ""
     #: What the draft learns from (:mod:`dynatree.training.instruct`): "continuation" (the target's

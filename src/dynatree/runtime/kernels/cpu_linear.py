@@ -3,7 +3,7 @@
 Why this exists: decoding multiplies every weight matrix by 1 row (autoregressive step) or a few
 (a tree of 2-64 nodes). On the project's CPU (2-core AMD EPYC, torch's MKL) ``F.linear(x, W)``
 (``x @ W.T``) costs about twice as much for 2-8 rows as for one, which made verifying a 5-node
-tree cost 1.7x an autoregressive step (benchmarks/history/cpu-log.md); and compiled one-row calls are
+tree cost 1.7x an autoregressive step (2-core AMD EPYC VM); and compiled one-row calls are
 slower still (inductor turns a one-row matmul into its own loop). The same product computed as
 ``(W @ x.T).T`` -- the weight as the left operand, the rows as a transposed right operand -- is a
 different BLAS kernel that streams each weight once for all rows: for 2-8 rows it costs *less*
@@ -11,9 +11,9 @@ than the one-row ``F.linear``. So one-row calls are padded to two (their answer 
 row), and every call of up to ``max_rows`` rows takes this layout. The result is copied back to row-major
 order: left as the transposed view, every elementwise op after it (norms, rotary embeddings) and
 SDPA's fused CPU kernel (which needs a unit last-dim stride) ran on a column-major tensor, and a
-3-row verify cost 2.2x a one-row step instead of 1.5x. Measured side by side in
-``benchmarks/cpu/linear_layout.py`` (layers only) and ``engines.jsonl`` (end to end); results differ from ``F.linear`` only by float summation
-order (greedy exactness is unaffected and tested).
+3-row verify cost 2.2x a one-row step instead of 1.5x. Measured side by side on that CPU, layers
+alone and end to end; results differ from ``F.linear`` only by float summation order (greedy
+exactness is unaffected and tested).
 
 From ``CPU_PACKED_MIN_ROWS`` rows (4) the product uses weights pre-packed for oneDNN
 (``torch.ops.mkldnn``), the blocked layout oneDNN's own kernels read: for 8-24 rows it computes
