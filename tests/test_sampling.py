@@ -95,10 +95,12 @@ def sample_runs(models, strategy: str, opts: dict, cfg: SamplingConfig) -> tuple
     deep = 0
     for seed in range(RUNS):
         out = dynatree.generate(
-            target, draft, PROMPT, strategy, max_new_tokens=POSITIONS, stopping=NO_EOS, sampling=cfg, seed=seed,
+            # (one token past the compared ones: a call's last token is a plain target step, so
+            #  the last compared token may still come from inside a tree)
+            target, draft, PROMPT, strategy, max_new_tokens=POSITIONS + 1, stopping=NO_EOS, sampling=cfg, seed=seed,
             **opts,
         )
-        tokens = out.sequences[0, len(PROMPT):]
+        tokens = out.sequences[0, len(PROMPT):len(PROMPT) + POSITIONS]
         counts[torch.arange(POSITIONS), tokens] += 1
         deep += out.stats.rounds[0].committed >= POSITIONS
     return counts, deep / RUNS

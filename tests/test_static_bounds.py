@@ -139,19 +139,24 @@ def test_cached_model_refuses_an_unknown_role(pair) -> None:
                              role="both")
 
 
-@pytest.mark.parametrize("strategy", ["linear", "fixed", "dynatree"])
+@pytest.mark.parametrize("strategy", ["linear", "fixed", "dynatree", "dyspec", "dyspec-threshold"])
 def test_no_tree_is_deeper_than_the_tokens_left(pair, strategy: str) -> None:
-    """A node deeper than the tokens still to generate could never be committed: drafting and
-    verifying it only costs (a two-token call of linear k=5 ran 4 draft forwards for 2 tokens)."""
+    """A node deeper than the tokens still to generate could never be committed, and one at
+    exactly that depth only stands in for the target's own bonus token: drafting and verifying
+    them only costs (a two-token call of linear k=5 ran 4 draft forwards for 2 tokens). The last
+    token of a call is a plain target step."""
     target, draft = pair
     ids = torch.tensor([[5, 9, 17, 3, 44, 12]])
-    options = {"linear": {"k": 6}, "fixed": {"depth": 5, "tau": 0.0}, "dynatree": {"tau": 0.0, "d0": 5, "d_max": 6}}
+    options = {"linear": {"k": 6}, "fixed": {"depth": 5, "tau": 0.0}, "dynatree": {"tau": 0.0, "d0": 5, "d_max": 6},
+               "dyspec": {"max_nodes": 64}, "dyspec-threshold": {"threshold": 1e-4}}
     for n in (1, 2, 5):
         out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=n, **options[strategy])
         assert out.sequences.tolist() == hf_greedy(target, ids, n).tolist()
         left = n
         for r in out.stats.rounds:
-            assert r.depth <= left, (n, [x.depth for x in out.stats.rounds])
+            assert r.depth <= left - 1, (n, [x.depth for x in out.stats.rounds])
             left -= r.committed
     one = dynatree.generate(target, draft, ids, strategy, max_new_tokens=1, **options[strategy])
-    assert one.stats.rounds[0].draft_calls == 1  # the root's children only: no level past depth 1
+    assert [(r.drafted, r.draft_calls) for r in one.stats.rounds] == [(0, 0)]  # one plain step
+    two = dynatree.generate(target, draft, ids, strategy, max_new_tokens=2, **options[strategy])
+    assert two.stats.rounds[0].draft_calls == 1  # the root's children only: no level past depth 1

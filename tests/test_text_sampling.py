@@ -91,7 +91,7 @@ class Tally:
         return added
 
     def __call__(self, event) -> None:
-        self.rounds += 1
+        self.rounds += event.tree.size > 1  # (rounds that drafted: a call's last token is a plain step)
         text = set(range(1, event.tree.size)) if event.stats.draft_calls == 0 else self._text
         self.text_rounds += event.stats.draft_calls == 0 and event.tree.size > 1
         self.sampled_rounds += event.tree.child_q is not None
@@ -115,9 +115,10 @@ def sample(models, exact, config: str, merge=REAL_MERGE) -> tuple[list[float], T
     try:
         for seed in range(RUNS):
             tally.new_run()
-            out = dynatree.generate(target, source, PROMPT, strategy, max_new_tokens=POSITIONS, stopping=NO_EOS,
+            # (one token past the compared ones: a call's last token is a plain target step)
+            out = dynatree.generate(target, source, PROMPT, strategy, max_new_tokens=POSITIONS + 1, stopping=NO_EOS,
                                     sampling=SAMPLED, seed=seed, on_round=tally, **opts)
-            counts[torch.arange(POSITIONS), out.sequences[0, len(PROMPT):]] += 1
+            counts[torch.arange(POSITIONS), out.sequences[0, len(PROMPT):len(PROMPT) + POSITIONS]] += 1
     finally:
         suffix.merge = REAL_MERGE
     return [chi_square_pvalue(counts[i], exact[i])[2] for i in range(POSITIONS)], tally

@@ -72,8 +72,10 @@ class TreeBuilder:
         if max_rows is not None and max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.max_rows = max_rows
-        #: the deepest node this round could still commit (the tokens left to generate; None: no
-        #: limit): a child of a node at this depth would be drafted and verified for nothing
+        #: the deepest node worth drafting this round (None: no limit). The loop passes the tokens
+        #: left minus one: a node at depth ``tokens left`` could be committed, but only in place of
+        #: the bonus token the target gives at its parent anyway (the same token under greedy, the
+        #: same distribution under sampling), so drafting and verifying it buys nothing
         self.depth_limit = depth_limit
         self.tokens: list[int] = [int(root_token)]
         self.parent: list[int] = [-1]

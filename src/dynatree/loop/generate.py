@@ -251,9 +251,11 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         t0 = clock()
         # 1. Draft: the source grows a tree under the root (a model source: the policy decides
         #    the shape, one draft call per level), unless the back-off says a plain step pays more.
-        # (no deeper than the tokens left: a deeper node could never be committed)
-        builder = TreeBuilder(root, target.max_tree_rows, depth_limit=max_new_tokens - len(out))
-        drafting = source is not None and (backoff is None or backoff.should_draft())
+        # (no deeper than the tokens left minus one: a node at the last committable depth would
+        #  only repeat the target's own bonus token there, so the last token is never drafted)
+        builder = TreeBuilder(root, target.max_tree_rows, depth_limit=max_new_tokens - len(out) - 1)
+        drafting = (source is not None and builder.depth_limit > 0
+                    and (backoff is None or backoff.should_draft()))
         if drafting:
             source.draft(builder, policy)
         tree = builder.freeze()
@@ -305,7 +307,7 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         if drafting or source is None:  # (a plain step taught the policy nothing)
             policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path),
                                          overhead_ms=1e3 * (t1 - t0 + t3 - t2)))
-        if backoff is not None:
+        if backoff is not None and builder.depth_limit > 0:  # (the last token is always plain: not its choice)
             backoff.observe(drafting, len(new), t3 - t0)
         if on_round is not None:
             on_round(RoundEvent(new, tree, path, bonus, stats.rounds[-1]))

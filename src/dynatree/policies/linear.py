@@ -30,7 +30,7 @@ class Linear(DraftPolicy):
     def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
         logp = torch.log_softmax(root_logits, -1)
         # (the engine's largest verify call, and the tokens left to generate, may be shorter)
-        node, k = 0, min(tree.cap(self.config.k), tree.depth_limit or self.config.k)
+        node, k = 0, min(tree.cap(self.config.k), self.config.k if tree.depth_limit is None else tree.depth_limit)
         for i in range(k):
             tok = int(logp.argmax())
             node = tree.add(node, tok, float(logp[tok]))
