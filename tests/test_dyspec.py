@@ -35,11 +35,10 @@ def draft() -> torch.nn.Module:
 def build(policy, draft: torch.nn.Module, seed: int, temperature: float = 0.6) -> tuple[TokenTree, int]:
     """Run one round of ``policy`` on the real drafter; returns the tree and its draft calls."""
     with torch.inference_mode():
-        drafter = Drafter(CachedModel(draft, V))
+        drafter = Drafter(CachedModel(draft, V), sampler=DraftSampler(torch.Generator().manual_seed(seed), temperature))
         drafter.prefill(PROMPT)
         builder = TreeBuilder(PROMPT[-1])
         root_logits = drafter.begin_round(builder)
-        policy.use_sampler(DraftSampler(torch.Generator().manual_seed(seed), temperature))
         policy.build(builder, drafter, root_logits)
     tree = builder.freeze()
     validate(tree)
@@ -227,5 +226,5 @@ def test_config_validation(name: str, opts: dict, field: str) -> None:
 def test_build_without_sampler_is_a_clear_error(draft: torch.nn.Module) -> None:
     policy = make_policy("dyspec")
     builder = TreeBuilder(PROMPT[-1])
-    with pytest.raises(RuntimeError, match="use_sampler"):
+    with pytest.raises(RuntimeError, match="sampler"):
         policy.build(builder, Drafter(CachedModel(draft, V)), torch.zeros(V))

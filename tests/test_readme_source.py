@@ -20,7 +20,7 @@ NEVER = StoppingConfig(eos_token_id=())
 
 def readme_block() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    (block,) = [b for b in blocks if "class PhraseSource(DraftSource)" in b]
+    (block,) = [b for b in blocks if "class PhraseSource(Proposer)" in b]
     return block
 
 
@@ -33,7 +33,7 @@ def load(source: str) -> dict:
 @pytest.fixture
 def sources(monkeypatch):
     """The registry as it was after the test (the docs block registers its source)."""
-    monkeypatch.setattr(registry, "SOURCES", list(registry.SOURCES))
+    monkeypatch.setattr(registry, "PROPOSERS", list(registry.PROPOSERS))
 
 
 def run(source: str) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -49,14 +49,14 @@ def run(source: str) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 def test_the_readme_source_is_registered_and_exact(sources):
     ref, out, best = run(readme_block())
-    assert registry.SOURCES[0].name == "phrase"
+    assert registry.PROPOSERS[0].name == "phrase"
     assert torch.equal(out, ref)
     assert best >= 6  # the phrase's continuation was proposed where the text reached its start
 
 
 def test_control_a_source_that_loses_the_bonus_token_stops_matching(sources):
-    broken = readme_block().replace("committed_tokens(tree, list(accepted), bonus)",
-                                    "committed_tokens(tree, list(accepted), bonus)[:-1]")
+    broken = readme_block().replace("committed_tokens(outcome.tree, list(outcome.accepted), outcome.bonus)",
+                                    "committed_tokens(outcome.tree, list(outcome.accepted), outcome.bonus)[:-1]")
     assert broken != readme_block()
     ref, out, best = run(broken)
     assert torch.equal(out, ref)  # (verification keeps any source exact)
@@ -66,5 +66,5 @@ def test_control_a_source_that_loses_the_bonus_token_stops_matching(sources):
 def test_register_refuses_what_is_not_a_source(sources):
     from dynatree.errors import DynaTreeError
 
-    with pytest.raises(DynaTreeError, match="DraftSource subclass"):
+    with pytest.raises(DynaTreeError, match="Proposer subclass"):
         registry.register(object)

@@ -107,13 +107,12 @@ def test_every_policy_respects_the_builder_cap(pair) -> None:
                           ("dynatree", {"max_nodes": 40, "tau": 0.0}), ("dyspec", {"max_nodes": 40}),
                           ("dyspec-threshold", {"max_nodes": 40, "threshold": 0.001})]:
         policy = make_policy(name, **options)
-        if hasattr(policy, "use_sampler"):
-            policy.use_sampler(DraftSampler(torch.Generator().manual_seed(0), 1.0))
         with torch.inference_mode():
-            drafter = Drafter(CachedModel(draft, draft.config.vocab_size))
+            drafter = Drafter(CachedModel(draft, draft.config.vocab_size), policy,
+                              DraftSampler(torch.Generator().manual_seed(0), 1.0))
             drafter.prefill([3, 4, 5])
             builder = TreeBuilder(5, max_rows=6)
-            drafter.draft(builder, policy)
+            drafter.propose(builder)
         assert len(builder) == 6, name  # the cap binds (each would grow more) and is never passed
 
 

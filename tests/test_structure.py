@@ -16,10 +16,11 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def module_imports(root: Path) -> dict[str, set[str]]:
+def module_imports(root: Path, type_checking: bool = False) -> dict[str, set[str]]:
     """Module -> the package modules it imports anywhere in its code, function-level imports
-    included (a loop through a function body is still a loop); only ``if TYPE_CHECKING:`` blocks
-    are left out, since they never run."""
+    included (a loop through a function body is still a loop); ``if TYPE_CHECKING:`` blocks only
+    with ``type_checking`` (they never run, but a type named across layers is a dependency a reader
+    follows all the same)."""
     names = {}
     for path in root.rglob("*.py"):
         name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
@@ -27,7 +28,8 @@ def module_imports(root: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in names}
     for name, path in names.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _runtime_nodes(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in (list(ast.walk(tree)) if type_checking else _runtime_nodes(tree)):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -123,6 +125,13 @@ def test_no_import_cycle_in_the_package() -> None:
     graph = module_imports(SRC / "dynatree")
     assert len(graph) > 30 and graph["dynatree.cli"]  # the scan really read the package
     assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+
+
+def test_no_import_cycle_nor_upward_import_counting_type_checking_imports() -> None:
+    graph = module_imports(SRC / "dynatree", type_checking=True)
+    assert "dynatree.options" in graph["dynatree.core.proposer"]  # (a TYPE_CHECKING-only edge is read)
+    assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+    assert layer_violations(graph) == []
 
 
 def test_every_import_goes_down_the_layers() -> None:

@@ -11,7 +11,7 @@ from dynatree import EngineOptions, SamplingConfig, StoppingConfig, generate
 from dynatree.core.tree import TreeBuilder
 from dynatree.drafts.suffix import HybridDraft, SuffixDraft, TextDraft, merge
 from dynatree.drafts.suffix_index import Proposal
-from dynatree.drafts.registry import source_for
+from dynatree.drafts.registry import proposer_for
 from dynatree.errors import DynaTreeError
 
 ARCHS = ["llama", "neox", "qwen2", "gpt2"]
@@ -71,10 +71,10 @@ def test_sampling_with_the_text_draft_is_reproducible_and_in_range() -> None:
 
 def test_the_registry_picks_the_text_sources() -> None:
     draft = tiny_model("llama", seed=2)
-    assert source_for(None) is SuffixDraft and source_for(TextDraft()) is SuffixDraft
-    assert source_for(TextDraft(model=draft)) is HybridDraft
+    assert proposer_for(None) is SuffixDraft and proposer_for(TextDraft()) is SuffixDraft
+    assert proposer_for(TextDraft(model=draft)) is HybridDraft
     with pytest.raises(DynaTreeError, match="no draft source takes"):
-        source_for("not a model")
+        proposer_for("not a model")
     with pytest.raises(DynaTreeError, match="budget"):
         TextDraft(budget=0)
 
@@ -99,7 +99,7 @@ def test_a_broken_index_commit_drafts_worse(monkeypatch: pytest.MonkeyPatch) -> 
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
     whole = TextDraft(trim=False)
     good = generate(target, whole, ids, max_new_tokens=120, stopping=NO_EOS)  # (the tiny model's output loops)
-    monkeypatch.setattr(SuffixDraft, "commit", lambda self, tree, accepted, bonus, features=None: None)
+    monkeypatch.setattr(SuffixDraft, "observe", lambda self, outcome: None)
     bad = generate(target, whole, ids, max_new_tokens=120, stopping=NO_EOS)
     assert torch.equal(good.sequences, bad.sequences)  # exact either way...
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731

@@ -48,7 +48,13 @@ STRATEGY_NAMES = sorted(STRATEGIES)
 # token is new to the output, and (hybrid-merge) an accepted node the merge added; test_setup_*
 # checks all of it.
 PROMPT_SEEDS = {"llama": 21, "gpt2": 15, "neox": 1, "qwen2": 2}
-N_REPEAT, N_FRESH, N_CASES = 30, 24, 60  # tokens generated per run: matrix (two prompts), cases
+# A call's last token is a plain target step, so a run ends inside an accepted text branch only
+# when its last round has 2+ tokens left and the target takes 3+ text nodes in a row there. The
+# tiny qwen2 target follows its repeating prompt too briefly for that, and with the model drafting
+# every round (hybrid-merge) only neox's does: no budget up to N_CASES makes such a cut for the
+# others (nor, for qwen2, any prompt seed up to 60). The budget cases are the pairs where it happens.
+BUDGET_CASES = [(a, s) for a in ARCHS for s in SOURCES if a != "qwen2" and (s != "hybrid-merge" or a == "neox")]
+N_REPEAT, N_FRESH, N_CASES = 30, 24, 80  # tokens generated per run: matrix (two prompts), cases
 REAL_MERGE = suffix.merge
 REAL_TRUNCATE = dynatree.loop.generate._truncate
 
@@ -195,8 +201,9 @@ def test_setup_text_trees_are_deep_branching_and_accepted(arch: str, source: str
     if source == "hybrid":  # the model sits some rounds out and drafts others
         assert 0 < len(called) < len(rec.rounds)
     if source == "hybrid-merge":  # text nodes the model did not draft were merged in and accepted
-        assert len(called) == len(rec.rounds)
-        assert any(set(e.path) & added for e, _, added in rec.rounds), "no merged text node was accepted"
+        # (every round but a call's last token, which is a plain target step)
+        assert len(called) == len([e for e, _, _ in rec.rounds if e.tree.size > 1])
+        assert any(set(e.path) & (added or set()) for e, _, added in rec.rounds), "no merged text node was accepted"
 
 
 # ------------------------------------------------------------- EOS and max_new_tokens (claim 1)
@@ -238,8 +245,10 @@ def budget_case(arch: str, source: str) -> tuple[int, tuple[int, ...], Recorder]
     candidates = [p for p, i, j in accepted_text_nodes(rec) if j < len(rec.rounds[i][0].path) - 1]
     if not candidates:
         pytest.fail(f"{arch}/{source}: no accepted text node with more accepted after it")
-    for pos in candidates:
-        n = pos + 1
+    # Then every other budget: a call's last token is a plain step, so a node first on its round's
+    # path cannot be cut after, while the shorter run's own last rounds make other cuts.
+    budgets = [p + 1 for p in candidates] + [n for n in range(2, N_CASES) if n - 1 not in candidates]
+    for n in budgets:
         out, rec2, _ = run(arch, source, "dynatree", repeating_prompt(arch), n)
         last, text, _ = rec2.rounds[-1]
         if len(last.tokens) < len(last.path) and last.path[len(last.tokens) - 1] in text:
@@ -247,8 +256,7 @@ def budget_case(arch: str, source: str) -> tuple[int, tuple[int, ...], Recorder]
     pytest.fail(f"{arch}/{source}: no budget ends a run inside an accepted text branch")
 
 
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("arch", "source"), BUDGET_CASES)
 def test_max_new_tokens_inside_an_accepted_text_branch(arch: str, source: str) -> None:
     n, out, rec = budget_case(arch, source)
     assert out == reference(arch, repeating_prompt(arch), n)
@@ -327,7 +335,7 @@ def test_control_budget_check_catches_a_loop_that_commits_whole_rounds(monkeypat
     """BROKEN: the last round is committed whole, past max_new_tokens. (The budgets are the cases'
     own, found with the real loop: each ends its run inside an accepted text branch.)"""
     warm_cases()
-    budgets = {(arch, source): budget_case(arch, source)[0] for arch in ARCHS for source in SOURCES}
+    budgets = {(arch, source): budget_case(arch, source)[0] for arch, source in BUDGET_CASES}
     monkeypatch.setattr(dynatree.loop.generate, "_truncate", lambda new, room, stop: REAL_TRUNCATE(new, len(new), stop))
     for (arch, source), n in budgets.items():
         out, _, _ = run(arch, source, "dynatree", repeating_prompt(arch), n)

@@ -299,15 +299,26 @@ def test_text_draft_trim_field_and_curves() -> None:
 
 
 def test_a_measured_profile_replaces_the_default_curve() -> None:
-    src = SuffixDraft(TextDraft(), cpu())
-    assert src.wants_cost_model() and src.cost == cpu()
-    src.use_cost_model(None)  # none measured: the default curve stays
-    assert src.cost == cpu()
-    src.use_cost_model(steep())
-    assert src.cost == steep()
-    off = SuffixDraft(TextDraft(trim=False), cpu())
-    off.use_cost_model(steep())
-    assert not off.wants_cost_model() and off.cost is None
+    def opened(config: TextDraft, profile: CostProfile | None) -> SuffixDraft:
+        return SuffixDraft.open(config, context(cost_profile=lambda: profile))
+
+    assert SuffixDraft.wants_cost_model(TextDraft()) and opened(TextDraft(), None).cost == cpu()
+    # (none measured: the default curve stays)
+    assert opened(TextDraft(), steep()).cost == steep()
+    off = opened(TextDraft(trim=False), steep())
+    assert not SuffixDraft.wants_cost_model(TextDraft(trim=False)) and off.cost is None
+
+
+def context(**fields):
+    """A run context on the tiny Llama target (hf engine), with ``fields`` set."""
+    from dynatree.core.proposer import RunContext
+    from dynatree.options import EngineOptions
+    from dynatree.runtime.cache import CachedModel
+    from dynatree.runtime.engines import resolve
+
+    target = tiny_model("llama", seed=1)
+    return RunContext(target, CachedModel(target, VOCAB), VOCAB, resolve(EngineOptions(engine="hf"), target), 64,
+                      **fields)
 
 
 def uncertain_prompt(n: int = 80, seed: int = 0) -> list[int]:
@@ -364,16 +375,9 @@ def test_the_loop_hands_a_measured_profile_to_the_text_source(tmp_path, monkeypa
 
 
 def test_hybrid_source_gets_the_device_curve() -> None:
-    from dynatree.core.draft_source import SourceContext
-    from dynatree.options import EngineOptions
-    from dynatree.runtime.cache import CachedModel
-    from dynatree.runtime.engines import resolve
-
-    target = tiny_model("llama", seed=1)
-    kv = CachedModel(target, VOCAB)
-    ctx = SourceContext(target, kv, VOCAB, resolve(EngineOptions(engine="hf"), target), 64)
-    assert HybridDraft.open(TextDraft(model=perturbed(target)), ctx).cost == cpu()
-    assert HybridDraft.open(TextDraft(model=perturbed(target), trim=False), ctx).cost is None
+    ctx = context()
+    assert HybridDraft.open(TextDraft(model=perturbed(ctx.target)), ctx).cost == cpu()
+    assert HybridDraft.open(TextDraft(model=perturbed(ctx.target), trim=False), ctx).cost is None
     assert SuffixDraft.open(None, ctx).cost == cpu()
 
 

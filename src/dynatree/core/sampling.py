@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -154,10 +154,3 @@ class DraftSampler:
 
     def draw(self, probs: torch.Tensor) -> int:
         return draw(probs, self.generator)
-
-
-@runtime_checkable
-class SamplesDraft(Protocol):
-    """A policy that samples its children (DySpec): the engine hands it the run's sampler."""
-
-    def use_sampler(self, sampler: DraftSampler) -> None: ...

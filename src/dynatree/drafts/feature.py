@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dynatree.core.draft_source import SourceContext
+from dynatree.core.proposer import Outcome, RunContext
 from dynatree.core.kv import KVModel
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.drafts.feature_head import uses_target_features
-from dynatree.drafts.model import Drafter, check_vocab, open_kv
+from dynatree.drafts.model import Drafter, check_vocab, open_kv, shape
 from dynatree.errors import DynaTreeError
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class FeatureDrafter(Drafter):
         return "hf"
 
     @classmethod
-    def open(cls, draft: Any, context: SourceContext) -> "FeatureDrafter":
+    def open(cls, draft: Any, context: RunContext) -> "FeatureDrafter":
         if context.streaming is not None:
             raise DynaTreeError("kv_window is not supported with a feature-conditioned draft (its features would "
                                 "have to be evicted with the cache); use an independent draft")
@@ -68,10 +68,10 @@ class FeatureDrafter(Drafter):
                                     f"the hf engine (the {context.target_kv.engine!r} engine returns only the "
                                     "final hidden states); use engine='hf' (--engine hf)")
         check_vocab(context.target, draft, context.allow_vocab_mismatch)
-        return cls(open_kv(draft, context, cls.draft_engine(context.options)), layers)
+        return cls(open_kv(draft, context, cls.draft_engine(context.options)), layers, *shape(context))
 
-    def __init__(self, kv: KVModel, feature_layers: tuple[int, ...] = ()) -> None:
-        super().__init__(kv)
+    def __init__(self, kv: KVModel, feature_layers: tuple[int, ...] = (), policy: Any = None, sampler: Any = None) -> None:
+        super().__init__(kv, policy, sampler)
         self.feature_layers = feature_layers
         self.pending_features: torch.Tensor | None = None  # [len(pending), H]: each pending token's parent's
         self._pred: dict[int, torch.Tensor] = {}  # tree node -> predicted feature (root: 0)
@@ -113,7 +113,12 @@ class FeatureDrafter(Drafter):
             self._pred[node] = hidden[r]
         return logits
 
-    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
+    def observe(self, outcome: Outcome) -> None:
+        self.commit(outcome.tree, outcome.accepted, outcome.bonus, outcome.features)
+        self.teach(outcome)
+
+    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int,  # type: ignore[override]
+               features: torch.Tensor | None = None) -> None:
         """``features``: the target's features of the root and the accepted nodes (path order),
         i.e. of the parents of the accepted nodes and of the bonus token."""
         assert features is not None and len(features) == len(accepted) + 1

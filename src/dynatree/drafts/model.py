@@ -17,22 +17,23 @@ from collections.abc import Sequence
 
 import torch
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dynatree.core.draft_source import DraftSource, SourceContext
 from dynatree.core.kv import KVModel
+from dynatree.core.proposer import Outcome, Proposer, RunContext, TreeShape
+from dynatree.core.sampling import DraftSampler
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.errors import DynaTreeError
+from dynatree.policies.base import RoundFeedback
 from dynatree.runtime.cache import StaticCachedModel, vocab_size
 from dynatree.runtime.engines import cached_model
 from dynatree.runtime.streaming import StreamingKV, find_rope
 
-if TYPE_CHECKING:
-    from dynatree.policies.base import DraftPolicy
 
-
-class Drafter(DraftSource):
-    """Level-batched draft forwards with a tree mask, over the draft's :class:`~dynatree.core.kv.KVModel`.
+class Drafter(Proposer):
+    """Level-batched draft forwards with a tree mask, over the draft's :class:`~dynatree.core.kv.KVModel`;
+    the tree's shape is its policy's (linear, fixed, DynaTree, DySpec, ...), which calls back
+    :meth:`forward` for the levels it expands.
 
     Drives any causal LM over the target's vocabulary (the registry's fallback for modules)."""
 
@@ -47,12 +48,14 @@ class Drafter(DraftSource):
         return [draft]
 
     @classmethod
-    def open(cls, draft: Any, context: SourceContext) -> "Drafter":
+    def open(cls, draft: Any, context: RunContext) -> "Drafter":
         check_vocab(context.target, draft, context.allow_vocab_mismatch)
-        return cls(open_kv(draft, context, cls.draft_engine(context.options)))
+        return cls(open_kv(draft, context, cls.draft_engine(context.options)), *shape(context))
 
-    def __init__(self, kv: KVModel) -> None:
+    def __init__(self, kv: KVModel, policy: TreeShape | None = None, sampler: DraftSampler | None = None) -> None:
         self.kv = kv
+        self.policy = policy  # the tree's shape (None: this drafter is driven by hand, level by level)
+        self.sampler = sampler  # the run's draft sampler, for policies that sample children
         self.pending: list[int] = []
         self._builder: TreeBuilder | None = None
         self._calls0 = 0
@@ -72,8 +75,24 @@ class Drafter(DraftSource):
         self.pending = [prompt[-1]]
 
     # ---------------------------------------------------------------------------- per round
-    def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
-        policy.build(builder, self, self.begin_round(builder))
+    def propose(self, builder: TreeBuilder) -> None:
+        if self.policy is None:
+            raise DynaTreeError("this drafter has no tree shape (open it with a policy in its RunContext)")
+        self.policy.build(builder, self, self.begin_round(builder))
+
+    def observe(self, outcome: Outcome) -> None:
+        """Bring the cache in line (:meth:`commit`); the policy learns from a round it drafted."""
+        self.commit(outcome.tree, outcome.accepted, outcome.bonus)
+        self.teach(outcome)
+
+    def teach(self, outcome: Outcome) -> None:
+        """Hand the policy the round's feedback (history adaptation), if the round was drafted."""
+        if outcome.drafted and self.policy is not None:
+            self.policy.observe(RoundFeedback(drafted=outcome.tree.num_drafted, accepted=len(outcome.accepted),
+                                              overhead_ms=outcome.overhead_ms))
+
+    def state(self) -> dict[str, float]:
+        return self.policy.state() if self.policy is not None else {}
 
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
         """Run the pending committed tokens; returns the draft logits for the root's children ``[V]``."""
@@ -118,7 +137,7 @@ class Drafter(DraftSource):
         positions = torch.tensor([b.depth[n] for n in nodes]) + (self._base - 1)
         return [b.tokens[n] for n in nodes], positions, visible
 
-    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
+    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int) -> None:
         """Keep the rows of accepted drafted nodes (path order); queue the rest for the next round.
 
         A round in which the draft was never called (another source decided the tree) queues
@@ -137,7 +156,20 @@ class Drafter(DraftSource):
         self._builder = None
 
 
-def open_kv(draft: torch.nn.Module, context: SourceContext, engine: str) -> KVModel:
+def shape(context: RunContext) -> tuple[TreeShape | None, DraftSampler | None]:
+    """The context's policy, set up for this run (its per-generation history reset; the measured
+    verify-cost profile handed over when it sizes its trees by it), and the run's sampler."""
+    policy = context.policy
+    if policy is not None:
+        policy.reset()
+        if policy.wants_cost_model():
+            profile = context.cost_profile()
+            if profile is not None:
+                policy.use_cost_model(profile)
+    return policy, context.sampler
+
+
+def open_kv(draft: torch.nn.Module, context: RunContext, engine: str) -> KVModel:
     """The draft's model+cache for one generation: room for the committed tokens plus several
     levels of expanded nodes; wrapped for KV eviction when the run evicts."""
     kv: KVModel = cached_model(draft, context.vocab, engine, draft_rows(context.rows),

@@ -31,22 +31,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dynatree.core.costmodel import CostProfile, choose_budget
-from dynatree.core.draft_source import DraftSource, SourceContext
-from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
+from dynatree.core.proposer import Outcome, Proposer, RunContext
+from dynatree.core.tree import TreeBuilder, committed_tokens
 from dynatree.drafts.feature import FeatureDrafter
 from dynatree.drafts.model import Drafter
 from dynatree.drafts.model_gate import ModelGate
 from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixSource
 from dynatree import tuning
 from dynatree.errors import check
-
-if TYPE_CHECKING:
-    from dynatree.policies.base import DraftPolicy
 
 
 @dataclass(frozen=True)
@@ -160,7 +157,7 @@ def trim(proposal: Proposal, cost: CostProfile, base: float = 1.0, rows: int = 1
     return proposal.head(choose_budget(cost, gains(proposal, rate), base=base, rows=rows))
 
 
-class SuffixDraft(DraftSource):
+class SuffixDraft(Proposer):
     """Speculation with no draft model: the tree is the suffix index's proposal."""
 
     name = "suffix"
@@ -174,9 +171,13 @@ class SuffixDraft(DraftSource):
         return (draft or TextDraft()).max_spec
 
     @classmethod
-    def open(cls, draft: Any, context: SourceContext) -> "SuffixDraft":
+    def wants_cost_model(cls, draft: Any) -> bool:
+        return (draft or TextDraft()).trim
+
+    @classmethod
+    def open(cls, draft: Any, context: RunContext) -> "SuffixDraft":
         config = draft if draft is not None else TextDraft()
-        return cls(config, config.cost_curve(context.target_kv.device.type))
+        return cls(config, text_cost(config, context))
 
     def __init__(self, config: TextDraft, cost: CostProfile | None = None) -> None:
         self.config = config
@@ -185,24 +186,17 @@ class SuffixDraft(DraftSource):
         self.acceptance = StepAcceptance()
         self._proposal: Proposal | None = None  # this round's whole proposal, for the calibration
 
-    def wants_cost_model(self) -> bool:
-        return self.config.trim
-
-    def use_cost_model(self, profile: CostProfile | None) -> None:
-        if profile is not None and self.config.trim:
-            self.cost = profile
-
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
         self.text.start(list(prompt))
 
-    def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
+    def propose(self, builder: TreeBuilder) -> None:
         proposal = self._proposal = self.text.propose(builder.cap(self.config.budget))
         if self.cost is not None:
             proposal = trim(proposal, self.cost, rate=self.acceptance.rate)
         proposal.add_to(builder)
 
-    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        tokens = committed_tokens(tree, list(accepted), bonus)
+    def observe(self, outcome: Outcome) -> None:
+        tokens = committed_tokens(outcome.tree, list(outcome.accepted), outcome.bonus)
         if self._proposal is not None and self.cost is not None:
             self.acceptance.learn(self._proposal, tokens)
         self._proposal = None  # (a plain step the back-off took drafted nothing)
@@ -212,7 +206,7 @@ class SuffixDraft(DraftSource):
         self.text.finish(length=length)  # into the cross-request cache, when there is one
 
 
-class HybridDraft(DraftSource):
+class HybridDraft(Proposer):
     """A draft model and the text in one tree (see the module docstring)."""
 
     name = "hybrid"
@@ -230,11 +224,15 @@ class HybridDraft(DraftSource):
         return draft.max_spec
 
     @classmethod
-    def open(cls, draft: Any, context: SourceContext) -> "HybridDraft":
-        model = FeatureDrafter if FeatureDrafter.accepts(draft.model) else Drafter  # the model part's own source
-        return cls(draft, model.open(draft.model, context), draft.cost_curve(context.target_kv.device.type))
+    def wants_cost_model(cls, draft: Any) -> bool:
+        return draft.trim
 
-    def __init__(self, config: TextDraft, model: DraftSource, cost: CostProfile | None = None) -> None:
+    @classmethod
+    def open(cls, draft: Any, context: RunContext) -> "HybridDraft":
+        model = FeatureDrafter if FeatureDrafter.accepts(draft.model) else Drafter  # the model part's own proposer
+        return cls(draft, model.open(draft.model, context), text_cost(draft, context))
+
+    def __init__(self, config: TextDraft, model: Drafter, cost: CostProfile | None = None) -> None:
         self.config, self.model = config, model
         self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
         self.wants_features = model.wants_features  # type: ignore[misc]
@@ -246,13 +244,6 @@ class HybridDraft(DraftSource):
         self._called = False  # whether the model drafted this round
         self.gate = ModelGate(min_gain=config.model_min_gain)
 
-    def wants_cost_model(self) -> bool:
-        return self.config.trim
-
-    def use_cost_model(self, profile: CostProfile | None) -> None:
-        if profile is not None and self.config.trim:
-            self.cost = profile
-
     @property
     def calls(self) -> int:
         return self.model.calls if self._called else 0
@@ -261,7 +252,7 @@ class HybridDraft(DraftSource):
         self.text.start(list(prompt))
         self.model.prefill(prompt, features)
 
-    def draft(self, builder: TreeBuilder, policy: "DraftPolicy") -> None:
+    def propose(self, builder: TreeBuilder) -> None:
         proposal = self._proposal = self.text.propose(builder.cap(self.config.budget))
         # The raw score decides whether the model sits out, not the calibrated one: on a CPU the
         # cut then turns a confident-looking but refused text into a plain step, where the
@@ -271,7 +262,7 @@ class HybridDraft(DraftSource):
         self._called = proposal.score < self.config.confident and self.gate.should_call()
         rate = self.acceptance.rate
         if self._called:  # the text is unsure: the model drafts, the text joins in
-            self.model.draft(builder, policy)
+            self.model.propose(builder)
             # the engine's largest verify call (the static engine's largest bucket) caps the merge
             if self.cost is not None:
                 proposal = trim_merged(builder, proposal, self.cost, builder.max_rows, rate)
@@ -282,25 +273,31 @@ class HybridDraft(DraftSource):
                 proposal = trim(proposal, self.cost, rate=rate)
             proposal.add_to(builder)
 
-    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
-        tokens = committed_tokens(tree, list(accepted), bonus)
+    def observe(self, outcome: Outcome) -> None:
+        tokens = committed_tokens(outcome.tree, list(outcome.accepted), outcome.bonus)
         if self._proposal is not None and self.cost is not None:
             self.acceptance.learn(self._proposal, tokens)  # (the committed tokens are the target's, whoever drafted)
         if self._called and self._merged is not None:  # what the model added beyond the text's nodes
-            self.gate.observe(max(0, len(accepted) - self._merged.matched(tokens)))
+            self.gate.observe(max(0, len(outcome.accepted) - self._merged.matched(tokens)))
         self._proposal = self._merged = None
         self.text.commit(tokens)
-        self.model.commit(tree, accepted, bonus, features)
+        self.model.observe(outcome)
 
     def finish(self, length: int | None = None) -> None:
         self.text.finish(length=length)
         self.model.finish(length)
 
-    def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
-        return self.model.begin_round(builder)
+    def state(self) -> dict[str, float]:
+        return self.model.state()
 
-    def forward(self, nodes: Sequence[int]) -> torch.Tensor:
-        return self.model.forward(nodes)
+
+def text_cost(config: TextDraft, context: RunContext) -> CostProfile | None:
+    """The curve the text's proposals are cut by: the target's measured verify-cost profile when the
+    cost model is on and measured one, else the device's default relative curve (None: no cut)."""
+    if not config.trim:
+        return None
+    profile = context.cost_profile()
+    return profile if profile is not None else config.cost_curve(context.target_kv.device.type)
 
 
 def merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None = None) -> int:

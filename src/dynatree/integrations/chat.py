@@ -95,8 +95,7 @@ class ChatSession:
         if self.options.kv_window is not None:
             return None, None
         policy = make_policy(self.strategy, **self.strategy_options)
-        policy.limit_depth(self.max_new_tokens)
-        models, depth = run_positions(policy, self.target, self.draft)
+        models, depth = run_positions(policy, self.target, self.draft, self.max_new_tokens)
         limits = [n for n in map(max_positions, models) if n is not None]
         if not limits:
             return None, None

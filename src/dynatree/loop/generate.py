@@ -21,20 +21,20 @@ from typing import Any
 import torch
 
 from dynatree.runtime import distributed
-from dynatree.core.draft_source import DraftSource, SourceContext
+from dynatree.core.proposer import Outcome, Proposer, RunContext
 from dynatree.core.kv import KVModel
 from dynatree.core.clock import sync_clock
 from dynatree.loop import backoff as backoff_module, flat_keywords
 from dynatree.loop.backoff import Backoff
-from dynatree.drafts.registry import source_for
+from dynatree.drafts.registry import open_proposer, proposer_for
 from dynatree.drafts.suffix import TextDraft
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
 from dynatree.runtime.inputs import check_causal_lm, prompt_ids
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
-from dynatree.policies import DraftPolicy, RoundFeedback, make_policy
-from dynatree.core.sampling import DraftSampler, SamplesDraft, SamplingConfig, make_generator
+from dynatree.policies import DraftPolicy, make_policy
+from dynatree.core.sampling import DraftSampler, SamplingConfig, make_generator
 from dynatree.core.stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
 from dynatree.runtime.streaming import StreamingConfig, StreamingKV, find_rope
 from dynatree.core.tree import TreeBuilder, committed_tokens
@@ -80,7 +80,10 @@ def generate(
         input_ids: one prompt, ``[1, L]`` or ``[L]`` (batch size 1 only).
         strategy: ``"autoregressive"``, ``"linear"``, ``"fixed"``, ``"dynatree"``, ``"dyspec"``,
             ``"dyspec-threshold"``, one of them with options as the bench and the CLI write them
-            (``"linear:k=5"``), or a policy object (a :class:`~dynatree.policies.DraftPolicy`).
+            (``"linear:k=5"``), or a policy object (a :class:`~dynatree.policies.DraftPolicy`): the
+            shape of the draft model's tree. With no draft model (``draft=None``, or a
+            ``TextDraft`` without ``model=``) the tree is the text's own and the strategy shapes
+            nothing (``"autoregressive"`` still turns drafting off).
         max_new_tokens: tokens to generate at most (the last round is truncated exactly).
         sampling: temperature (0, the default, is greedy), top-k, top-p on the target, and the
             draft temperature DySpec samples children at. None: greedy.
@@ -124,16 +127,13 @@ def generate(
     sync = distributed.RankSync.for_models(target, draft if policy.uses_draft else None)
     if sync is not None:
         sync.share_generator(rng)
-    if isinstance(policy, SamplesDraft):
-        policy.use_sampler(DraftSampler(rng, sampling.draft_temperature))  # validated above
     prompt = _check_prompt(input_ids, target)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    policy.limit_depth(max_new_tokens)  # deeper nodes could never be committed
     vocab = vocab_size(target)
-    # draft=None: speculate from the text itself (the suffix source)
-    source_cls = source_for(draft) if policy.uses_draft else None
-    models, depth = _positioned(policy, target, draft, source_cls)
+    # draft=None: speculate from the text itself (the text proposer)
+    proposer_cls = proposer_for(draft) if policy.uses_draft else None
+    models, depth = _positioned(policy, target, draft, proposer_cls, max_new_tokens)
     streaming = None
     if options.kv_window is not None:
         streaming = StreamingConfig(options.kv_window, options.kv_sinks)
@@ -151,29 +151,19 @@ def generate(
         target_kv: KVModel = cached_target(target, vocab, options, len(prompt) + max_new_tokens)
         if streaming is not None:
             target_kv = StreamingKV(target_kv, streaming, rope)
-        source = None
-        if source_cls is not None:
-            source = source_cls.open(draft, SourceContext(target, target_kv, vocab, options, len(prompt) + max_new_tokens,
-                                                          streaming, allow_vocab_mismatch))
         lazy_head = options.lazy_head
         if lazy_head is None:
             lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
         elif lazy_head and not target_kv.supports_lazy_head():
             raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
-        # The tree budget from the measured verify cost: the policy's (no draft model: no policy
-        # budget) and the source's own (the text's proposal is cut to what pays for its rows).
-        policy_cost = len(models) > 1 and policy.wants_cost_model()
-        source_cost = source is not None and source.wants_cost_model()
-        if streaming is None and (policy_cost or source_cost):
-            from dynatree.core.costmodel import profile_for
-
-            profile = profile_for(target_kv, target, options.engine, options.compile, lazy_head,
-                                  options.buckets, options.linear_plan.bands if options.linear_plan else False,
-                                  log=notice)
-            if policy_cost:
-                policy.use_cost_model(profile)
-            if source_cost:
-                source.use_cost_model(profile)
+        proposer = None
+        if proposer_cls is not None:
+            context = RunContext(
+                target, target_kv, vocab, options, len(prompt) + max_new_tokens, streaming, allow_vocab_mismatch,
+                policy=policy if proposer_cls.models(draft) else None,  # (no draft model: no tree shape)
+                sampler=DraftSampler(rng, sampling.draft_temperature) if policy.samples_children else None,
+                cost_profile=_cost_profile(target_kv, target, options, lazy_head, streaming, policy, proposer_cls, draft))
+            proposer = open_proposer(draft, context)
         recorder = None
         if trace is not None:
             from dynatree.loop.trace import TraceRecorder
@@ -183,11 +173,11 @@ def generate(
         pacer = None
         if backoff is None:
             backoff = backoff_module.enabled()
-        if backoff is not False and source is not None and sampling.greedy and sync is None:
+        if backoff is not False and proposer is not None and sampling.greedy and sync is None:
             pacer = backoff if isinstance(backoff, Backoff) else Backoff()
-        run = Run(max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling, rng,
-                  options.tree_order, lazy_head, sync, on_round, pacer)
-        result = _decode(target_kv, source, prompt, policy, run)
+        run = Run(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling, rng,
+                  options.tree_order, lazy_head, sync, on_round, pacer, shared_random=policy.samples_children)
+        result = _decode(target_kv, proposer, prompt, run)
     if recorder is not None:
         recorder.write(trace, result, policy)
     device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
@@ -210,11 +200,36 @@ def _policy(strategy: str | DraftPolicy, strategy_options: dict[str, Any]) -> Dr
         raise
 
 
+def _cost_profile(target_kv: KVModel, target: torch.nn.Module, options: EngineOptions, lazy_head: bool,
+                  streaming: StreamingConfig | None, policy: DraftPolicy, proposer_cls: type[Proposer],
+                  draft: Any) -> Callable[[], Any]:
+    """The run context's cost profile: the target's verify cost measured on first request (seconds;
+    :func:`~dynatree.core.costmodel.profile_for`, which returns None while the cost model is off),
+    then kept for the run; never under KV eviction, and only when someone in the run sizes trees
+    by it (the policy of a model proposer, or the proposer itself)."""
+    wanted = proposer_cls.wants_cost_model(draft) or (bool(proposer_cls.models(draft)) and policy.wants_cost_model())
+    if streaming is not None or not wanted:
+        return lambda: None
+    measured: list[Any] = []
+
+    def profile() -> Any:
+        if not measured:
+            from dynatree.core.costmodel import profile_for
+
+            measured.append(profile_for(target_kv, target, options.engine, options.compile, lazy_head,
+                                        options.buckets, options.linear_plan.bands if options.linear_plan else False,
+                                        log=notice))
+        return measured[0]
+
+    return profile
+
+
 @dataclasses.dataclass
 class Run:
-    """What one decoding run reads besides the models, the prompt and the policy, decided once by
+    """What one decoding run reads besides the models, the prompt and the proposer, decided once by
     :func:`generate` (the loop itself decides nothing about settings)."""
 
+    strategy: str  # the policy's name, for the statistics
     max_new_tokens: int
     stop: set[int]  # EOS token ids
     stop_text: "StopText | None"
@@ -225,39 +240,39 @@ class Run:
     sync: "distributed.RankSync | None" = None
     on_round: Callable[[RoundEvent], None] | None = None
     backoff: Backoff | None = None
+    shared_random: bool = False  # the trees themselves are drawn from the run's random stream (DySpec)
 
 
-def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], policy: DraftPolicy, run: Run) -> GenerationResult:
+def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: Run) -> GenerationResult:
     max_new_tokens, stop, stop_text, sampling, rng = run.max_new_tokens, run.stop, run.stop_text, run.sampling, run.rng
     backoff, sync, on_round = run.backoff, run.sync, run.on_round
     clock = sync_clock(target.device)
-    stats = GenerationStats(strategy=policy.name, prompt_tokens=len(prompt))
-    policy.reset()
+    stats = GenerationStats(strategy=run.strategy, prompt_tokens=len(prompt))
     start = clock()
 
     # 0. Prefill: cache every prompt token but the last, which becomes the first round's root.
-    #    A source that wants features also gets the target's features of those tokens (its final
-    #    hidden states, or the outputs of the layers the source names).
-    features = source is not None and source.wants_features
-    layers = source.feature_layers if features else ()
+    #    A proposer that wants features also gets the target's features of those tokens (its final
+    #    hidden states, or the outputs of the layers it names).
+    features = proposer is not None and proposer.wants_features
+    layers = proposer.feature_layers if features else ()
     hidden = target.prefill(prompt[:-1], hidden=features, layers=layers)
-    if source is not None:
-        source.prefill(prompt, hidden)
+    if proposer is not None:
+        proposer.prefill(prompt, hidden)
     stats.t_prefill = clock() - start
 
     out: list[int] = []
     root = prompt[-1]
     while len(out) < max_new_tokens:
         t0 = clock()
-        # 1. Draft: the source grows a tree under the root (a model source: the policy decides
+        # 1. Draft: the proposer grows a tree under the root (a model proposer: its policy decides
         #    the shape, one draft call per level), unless the back-off says a plain step pays more.
         # (no deeper than the tokens left minus one: a node at the last committable depth would
         #  only repeat the target's own bonus token there, so the last token is never drafted)
         builder = TreeBuilder(root, target.max_tree_rows, depth_limit=max_new_tokens - len(out) - 1)
-        drafting = (source is not None and builder.depth_limit > 0
+        drafting = (proposer is not None and builder.depth_limit > 0
                     and (backoff is None or backoff.should_draft()))
         if drafting:
-            source.draft(builder, policy)
+            proposer.propose(builder)
         tree = builder.freeze()
         t1 = clock()
         # 2. Verify: ONE target forward over the root and every drafted node.
@@ -273,12 +288,15 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         else:
             path, bonus = sample_accept(tree, logits, sampling, rng)
         if sync is not None:  # rank 0's decision (and random stream) on every rank
-            random = not sampling.greedy or isinstance(policy, SamplesDraft)
+            random = not sampling.greedy or run.shared_random
             path, bonus = sync.decide(path, bonus, tree.max_depth, rng if random else None)
-        # 4. Commit: keep the root's and the accepted nodes' KV rows in both caches.
+        # 4. Commit: keep the root's and the accepted nodes' KV rows in the target's cache; the
+        #    proposer brings its own state in line and learns from the round (a feature proposer
+        #    gets the target's features of the root and the path).
         target.compact(prefix, rows[[0, *path]])
-        if source is not None:  # (a feature source gets the target's features of the root and path)
-            source.commit(tree, path, bonus, logits.features[[0, *path]] if features else None)
+        if proposer is not None:
+            proposer.observe(Outcome(tree, path, bonus, logits.features[[0, *path]] if features else None,
+                                     drafted=drafting, overhead_ms=1e3 * (t1 - t0 + clock() - t2)))
         new = committed_tokens(tree, path, bonus)
         new = _truncate(new, max_new_tokens - len(out), stop)
         hit = stop_text is not None and stop_text.cut(out, new)
@@ -297,16 +315,13 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
                 accepted=accepted,
                 drafted=tree.num_drafted,
                 depth=tree.max_depth,
-                draft_calls=source.calls if drafting else 0,
+                draft_calls=proposer.calls if drafting else 0,
                 t_draft=t1 - t0,
                 t_verify=t2 - t1,
                 t_commit=t3 - t2,
-                policy_state=policy.state(),
+                policy_state=proposer.state() if proposer is not None else {},
             )
         )
-        if drafting or source is None:  # (a plain step taught the policy nothing)
-            policy.observe(RoundFeedback(drafted=tree.num_drafted, accepted=len(path),
-                                         overhead_ms=1e3 * (t1 - t0 + t3 - t2)))
         if backoff is not None and builder.depth_limit > 0:  # (the last token is always plain: not its choice)
             backoff.observe(drafting, len(new), t3 - t0)
         if on_round is not None:
@@ -314,8 +329,8 @@ def _decode(target: KVModel, source: DraftSource | None, prompt: list[int], poli
         if new[-1] in stop or hit:
             break
 
-    if source is not None:  # (tokens committed past a stop or the length limit are not the request's)
-        source.finish(len(prompt) + len(out))
+    if proposer is not None:  # (tokens committed past a stop or the length limit are not the request's)
+        proposer.finish(len(prompt) + len(out))
     stats.new_tokens = len(out)
     stats.t_total = clock() - start
     sequences = torch.tensor([prompt + out], dtype=torch.long)
@@ -358,7 +373,7 @@ def _truncate(new: list[int], room: int, stop: set[int]) -> list[int]:
 # ----------------------------------------------------------------------------- validation
 def _check_prompt(input_ids: torch.Tensor | Sequence[int], target: torch.nn.Module) -> list[int]:
     """The front door (:mod:`dynatree.runtime.inputs`), before any model call: the target must be a
-    causal LM (the draft is checked by its source), and the prompt one row of its token ids."""
+    causal LM (the draft is checked by its proposer), and the prompt one row of its token ids."""
     check_causal_lm(target, "target")
     return prompt_ids(input_ids, target)
 
@@ -378,22 +393,24 @@ def check_positions(prompt_tokens: int, max_new_tokens: int, policy: DraftPolicy
     the models (without KV eviction), before anything is spent on it: the CLI calls this before it
     prints the prompt and before it compiles every graph for the run, whose cache is sized by
     ``max_new_tokens`` (10**9 of them would be an allocation of gigabytes, not an error)."""
-    policy.limit_depth(max_new_tokens)
-    models, depth = run_positions(policy, target, draft)
+    models, depth = run_positions(policy, target, draft, max_new_tokens)
     _fit_positions([0] * prompt_tokens, max_new_tokens, depth, models, truncate_prompt)
 
 
-def run_positions(policy: DraftPolicy, target: torch.nn.Module, draft: Any) -> tuple[list[torch.nn.Module], int]:
-    """The models whose positions a run of ``policy`` (its depth already limited to the run's new
-    tokens) fills, and the deepest tree it can grow: the policy's, or the draft source's own (the
-    text source of ``draft=None`` grows its own). What :func:`generate` checks positions against."""
-    return _positioned(policy, target, draft, source_for(draft) if policy.uses_draft else None)
+def run_positions(policy: DraftPolicy, target: torch.nn.Module, draft: Any,
+                  max_new_tokens: int) -> tuple[list[torch.nn.Module], int]:
+    """The models whose positions a run of ``policy`` fills, and the deepest tree it can grow: the
+    policy's (never deeper than the run's new tokens: the loop limits every round's tree to the
+    tokens left), or the proposer's own (the text of ``draft=None`` grows its own). What
+    :func:`generate` checks positions against."""
+    return _positioned(policy, target, draft, proposer_for(draft) if policy.uses_draft else None, max_new_tokens)
 
 
 def _positioned(policy: DraftPolicy, target: torch.nn.Module, draft: Any,
-                source_cls: type[DraftSource] | None) -> tuple[list[torch.nn.Module], int]:
-    models = [target] + (source_cls.models(draft) if source_cls is not None else [])
-    depth = max(policy.max_depth(), source_cls.max_depth(draft) if source_cls is not None else 0)
+                proposer_cls: type[Proposer] | None, max_new_tokens: int) -> tuple[list[torch.nn.Module], int]:
+    models = [target] + (proposer_cls.models(draft) if proposer_cls is not None else [])
+    depth = max(min(policy.max_depth(), max_new_tokens),
+                proposer_cls.max_depth(draft) if proposer_cls is not None else 0)
     return models, depth
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dynatree.drafts.model import draft_rows
-from dynatree.drafts.registry import source_for
+from dynatree.drafts.registry import proposer_for
 from dynatree.errors import DynaTreeError
 from dynatree.loop.generate import max_positions
 from dynatree.options import EngineOptions
@@ -38,15 +38,15 @@ def precompile(
     options = resolve(options, target)
     vocab = vocab_size(target)
     cache = options.cache_options(next(target.parameters()).device.type)
-    source = source_for(draft) if draft is not None else None
-    drafts = source.models(draft) if source is not None else []
+    proposer = proposer_for(draft) if draft is not None else None
+    drafts = proposer.models(draft) if proposer is not None else []
     # No run goes past the models' positions (generate refuses it): a larger max_rows would only
     # allocate cache rows that are never used -- gigabytes for max_new_tokens=10**9.
     max_rows = min([max_rows, *(n for n in map(max_positions, [target, *drafts]) if n is not None)])
     with torch.inference_mode(), eval_mode([target, *drafts]):  # (draft may be a TextDraft, not a module)
         kvs = [cached_target(target, vocab, options, max_rows)]
-        if source is not None:
-            engine = source.draft_engine(options)
+        if proposer is not None:
+            engine = proposer.draft_engine(options)
             kvs += [cached_model(m, vocab, engine, draft_rows(max_rows), cache) for m in drafts]
         for kv in kvs:
             if kv.engine == "static":

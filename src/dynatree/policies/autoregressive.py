@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.core.draft_source import DraftSource
+from dynatree.core.proposer import LevelDrafter
 from dynatree.core.tree import TreeBuilder
 from dynatree.policies.base import DraftPolicy
 
@@ -26,7 +26,7 @@ class Autoregressive(DraftPolicy):
     Config = AutoregressiveConfig
     uses_draft: ClassVar[bool] = False
 
-    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
         return None
 
     def max_depth(self) -> int:

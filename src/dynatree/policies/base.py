@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dynatree.core.draft_source import DraftSource
+from dynatree.core.proposer import LevelDrafter
 from dynatree.errors import DynaTreeError
 from dynatree.core.tree import TreeBuilder
 
@@ -37,6 +37,9 @@ class DraftPolicy(ABC):
     name: ClassVar[str]
     Config: ClassVar[type]
     uses_draft: ClassVar[bool] = True
+    #: whether it *samples* children (DySpec) with the run's random stream, rather than taking the
+    #: draft's top tokens: the run then shares that stream with every tensor-parallel rank
+    samples_children: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -54,35 +57,33 @@ class DraftPolicy(ABC):
         return cls(cls.Config(**options))
 
     def reset(self) -> None:
-        """Forget per-generation state (history); called at the start of every generate()."""
+        """Forget per-generation state (history); called when a model proposer opens for a run."""
 
     @abstractmethod
-    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
-        """Add drafted nodes to ``tree`` (whose node 0 is the root).
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+        """Add drafted nodes to ``tree`` (whose node 0 is the root), within ``tree.cap`` and
+        ``tree.deepens``.
 
         ``root_logits`` are the draft's logits for the root's children, already computed by the
-        engine's first draft call of the round; further levels come from ``drafter.forward(nodes)``.
+        model proposer's first draft call of the round; further levels come from
+        ``drafter.forward(nodes)``, and a policy that samples children draws with ``drafter.sampler``.
         """
 
     def observe(self, feedback: RoundFeedback) -> None:
         """Called after every round with that round's outcome."""
 
-    def limit_depth(self, depth: int) -> None:
-        """Called by the engine with ``max_new_tokens`` before a run: nodes deeper than that could
-        never be committed, so a policy whose depth is otherwise only bounded by its node budget
-        (DySpec's) stops there instead of asking for room it cannot use. Default: nothing to do."""
-
     @abstractmethod
     def max_depth(self) -> int:
-        """Upper bound on the drafted depth, so the engine can check positions before running."""
+        """Upper bound on the drafted depth, so the engine can check positions before running (a
+        run never drafts deeper than its ``max_new_tokens`` either: the loop takes the smaller)."""
 
     def state(self) -> dict[str, float]:
         """Adaptive parameters worth logging per round (empty for static policies)."""
         return {}
 
     def wants_cost_model(self) -> bool:
-        """Whether the loop should measure the target's verify cost and hand it to
-        :meth:`use_cost_model` before the run (a budget chosen from the hardware). Default: no."""
+        """Whether the model proposer should hand it the target's measured verify-cost profile
+        (:meth:`use_cost_model`) when it opens (a budget chosen from the hardware). Default: no."""
         return False
 
     def use_cost_model(self, profile: "CostProfile | None") -> None:

@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 
 from dynatree.core.costmodel import choose_budget
-from dynatree.core.draft_source import DraftSource
+from dynatree.core.proposer import LevelDrafter
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy, RoundFeedback, add_top_children
@@ -176,7 +176,7 @@ class DynaTree(DraftPolicy):
             return d < round(self.d0)
         return d < cfg.d_max and p >= cfg.rho_stop and (d < round(self.d0) or p >= cfg.rho_deep)
 
-    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
         cfg = self.config
         budget = tree.cap(self._budget(root_logits.device.type))  # (the engine's largest verify call)
         costed = cfg.max_nodes is None and self.cost_profile is not None

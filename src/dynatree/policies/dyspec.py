@@ -45,7 +45,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from dynatree.core.draft_source import DraftSource
+from dynatree.core.proposer import LevelDrafter
 from dynatree.core.sampling import DraftSampler, without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
@@ -66,43 +66,38 @@ class DySpecConfig:
 
 
 class SampledTreePolicy(DraftPolicy):
-    """Shared by the DySpec policies: they sample children, so they need the run's draft sampler,
-    and they record per round the value of every drafted node and the draft rows they ran."""
+    """Shared by the DySpec policies: they sample children, with the run's draft sampler (the
+    drafter's ``sampler``), and they record per round the value of every drafted node and the
+    draft rows they ran."""
+
+    samples_children: ClassVar[bool] = True
 
     def __init__(self, config: object) -> None:
         super().__init__(config)
-        self.sampler: DraftSampler | None = None
+        self.sampler: DraftSampler | None = None  # this round's (the drafter's)
         self.values: list[float] = []  # value (reach probability) of each drafted node, creation order
         self.draft_rows = 0
-        self.depth_limit: int | None = None
-
-    def limit_depth(self, depth: int) -> None:
-        """A sampled tree's depth is bounded only by its node budget (a peaked draft makes a chain
-        of max_nodes), so the engine's position check would otherwise reserve max_nodes positions;
-        nodes past ``depth`` (the run's max_new_tokens) could never be committed anyway."""
-        self.depth_limit = depth
 
     def _may_expand(self, tree: TreeBuilder, node: int) -> bool:
-        """Whether ``node`` may receive children under the depth limit (the run's, and this round's:
-        the tokens left to generate)."""
-        return (self.depth_limit is None or tree.depth[node] < self.depth_limit) and tree.deepens(node)
+        """Whether ``node`` may receive children under this round's depth limit (the tokens left)."""
+        return tree.deepens(node)
 
     def max_depth(self) -> int:
-        budget = self.config.max_nodes
-        return budget if self.depth_limit is None else min(budget, self.depth_limit)
+        # A sampled tree's depth is bounded only by its node budget (a peaked draft makes a chain of
+        # max_nodes); the loop's position check takes the run's max_new_tokens when that is smaller.
+        return self.config.max_nodes
 
-    def use_sampler(self, sampler: DraftSampler) -> None:
-        """Called by the engine at the start of every generate() with the run's generator."""
+    def _start(self, drafter: LevelDrafter) -> DraftSampler:
+        sampler = getattr(drafter, "sampler", None)
+        if sampler is None:
+            raise RuntimeError(f"{self.name} samples children: its drafter needs the run's sampler (drafter.sampler, "
+                               "a DraftSampler; generate() sets it)")
         self.sampler = sampler
-
-    def _start(self) -> DraftSampler:
-        if self.sampler is None:
-            raise RuntimeError(f"{self.name}: use_sampler() must be called before build()")
         self.values = []
         self.draft_rows = 0
-        return self.sampler
+        return sampler
 
-    def _draft(self, drafter: DraftSource, nodes: list[int]) -> torch.Tensor:
+    def _draft(self, drafter: LevelDrafter, nodes: list[int]) -> torch.Tensor:
         assert self.sampler is not None
         self.draft_rows += len(nodes)
         return self.sampler.probs(drafter.forward(nodes))
@@ -115,8 +110,8 @@ class DySpec(SampledTreePolicy):
     name: ClassVar[str] = "dyspec"
     Config = DySpecConfig
 
-    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
-        sampler = self._start()
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+        sampler = self._start(drafter)
         budget = tree.cap(self.config.max_nodes)  # (the engine's largest verify call may be smaller)
         dist: dict[int, torch.Tensor] = {0: sampler.probs(root_logits)}  # node -> its draft distribution
         order = itertools.count()  # FIFO among equal values

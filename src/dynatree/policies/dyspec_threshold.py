@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.core.draft_source import DraftSource
+from dynatree.core.proposer import LevelDrafter
 from dynatree.core.sampling import without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
@@ -48,8 +48,8 @@ class DySpecThreshold(SampledTreePolicy):
     name: ClassVar[str] = "dyspec-threshold"
     Config = DySpecThresholdConfig
 
-    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
-        sampler = self._start()
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+        sampler = self._start(drafter)
         t, cap = self.config.threshold, tree.cap(self.config.max_nodes)  # (and the engine's largest call)
         leaves: list[tuple[int, float]] = [(0, 1.0)]  # (node, value) of the current layer
         while leaves and len(tree) - 1 < cap:

@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from dynatree.core.draft_source import DraftSource
+from dynatree.core.proposer import LevelDrafter
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy, add_top_children
@@ -49,7 +49,7 @@ class FixedTree(DraftPolicy):
     name: ClassVar[str] = "fixed"
     Config = FixedTreeConfig
 
-    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
         cfg = self.config
         budget = tree.cap(cfg.max_nodes)  # (the engine's largest verify call may be smaller)
         log_tau = math.log(cfg.tau) if cfg.tau > 0 else -math.inf

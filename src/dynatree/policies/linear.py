@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.core.draft_source import DraftSource
+from dynatree.core.proposer import LevelDrafter
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy
@@ -27,7 +27,7 @@ class Linear(DraftPolicy):
     name: ClassVar[str] = "linear"
     Config = LinearConfig
 
-    def build(self, tree: TreeBuilder, drafter: DraftSource, root_logits: torch.Tensor) -> None:
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
         logp = torch.log_softmax(root_logits, -1)
         # (the engine's largest verify call, and the tokens left to generate, may be shorter)
         node, k = 0, min(tree.cap(self.config.k), self.config.k if tree.depth_limit is None else tree.depth_limit)
