@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dynatree import SamplingConfig, StoppingConfig, generate
-from dynatree.drafts.model import Drafter
+from dynatree.drafts.model import ModelProposer
 from dynatree.drafts.suffix import TextDraft
 from dynatree.errors import DynaTreeError
 from dynatree.loop.backoff import Backoff
@@ -100,7 +100,7 @@ def test_a_draft_that_forgets_the_paused_tokens_drafts_worse(monkeypatch: pytest
     draft = perturbed(target, noise=0.02)
     ids = repetitive(target.config.vocab_size)
     good = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
-    commit = Drafter.commit
+    commit = ModelProposer.commit
 
     def forgetful(self, tree, accepted, bonus):  # a skipped round's tokens are lost
         if self._builder is None:
@@ -108,7 +108,7 @@ def test_a_draft_that_forgets_the_paused_tokens_drafts_worse(monkeypatch: pytest
             return
         commit(self, tree, accepted, bonus)
 
-    monkeypatch.setattr(Drafter, "commit", forgetful)
+    monkeypatch.setattr(ModelProposer, "commit", forgetful)
     bad = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
     assert torch.equal(good.sequences, bad.sequences)
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731

@@ -16,7 +16,7 @@ from tiny import perturbed, tiny_model
 from tolerances import KERNEL_REL, sum_rel
 
 from dynatree.runtime.cache import CachedModel
-from dynatree.drafts.model import Drafter
+from dynatree.drafts.model import ModelProposer
 from dynatree.errors import DynaTreeError
 from dynatree.policies import make_policy
 from dynatree.core.sampling import DraftSampler, draft_probs, draw, without
@@ -35,7 +35,7 @@ def draft() -> torch.nn.Module:
 def build(policy, draft: torch.nn.Module, seed: int, temperature: float = 0.6) -> tuple[TokenTree, int]:
     """Run one round of ``policy`` on the real drafter; returns the tree and its draft calls."""
     with torch.inference_mode():
-        drafter = Drafter(CachedModel(draft, V), sampler=DraftSampler(torch.Generator().manual_seed(seed), temperature))
+        drafter = ModelProposer(CachedModel(draft, V), sampler=DraftSampler(torch.Generator().manual_seed(seed), temperature))
         drafter.prefill(PROMPT)
         builder = TreeBuilder(PROMPT[-1])
         root_logits = drafter.begin_round(builder)
@@ -227,4 +227,4 @@ def test_build_without_sampler_is_a_clear_error(draft: torch.nn.Module) -> None:
     policy = make_policy("dyspec")
     builder = TreeBuilder(PROMPT[-1])
     with pytest.raises(RuntimeError, match="sampler"):
-        policy.build(builder, Drafter(CachedModel(draft, V)), torch.zeros(V))
+        policy.build(builder, ModelProposer(CachedModel(draft, V)), torch.zeros(V))

@@ -21,7 +21,7 @@ from dynatree import generate
 from dynatree.training.config import DistillConfig
 from dynatree.drafts.checkpoint import load_distilled_draft
 from dynatree.drafts.distilled import DraftConfig
-from dynatree.drafts.feature import FeatureDrafter
+from dynatree.drafts.feature import FeatureProposer
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.drafts.feature_head import FeatureDraft
@@ -88,13 +88,13 @@ def _pending_features_are_the_targets(monkeypatch: pytest.MonkeyPatch, corrupt: 
     target = tiny_model("llama", 1, layers=3)
     draft = feature_draft(target, seed=1, layers=layers)
     seen: list[tuple[int, torch.Tensor]] = []
-    begin = FeatureDrafter.begin_round
+    begin = FeatureProposer.begin_round
 
-    def record(self: FeatureDrafter, builder: object) -> torch.Tensor:
+    def record(self: FeatureProposer, builder: object) -> torch.Tensor:
         seen.append((self.kv.length, self.pending_features.clone()))
         return begin(self, builder)
 
-    monkeypatch.setattr(FeatureDrafter, "begin_round", record)
+    monkeypatch.setattr(FeatureProposer, "begin_round", record)
     if corrupt:  # hand the drafter the features of the wrong tree rows (shifted by one)
         forward = E.tree_forward
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import dynatree.drafts.suffix_index as si
 from dynatree.errors import DynaTreeError
-from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixIndex, SuffixSource, propose_best
+from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixIndex, TextIndex, propose_best
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ODD_MIN_PROBS = [0.0, 0.0713, 0.1337, 0.2917, 0.4561]  # no small-count fraction lands on these
@@ -328,9 +328,9 @@ def test_argument_errors_are_one_line_dynatree_errors() -> None:
     with pytest.raises(DynaTreeError, match="unknown"):
         ix.remove_sequence(3)
     with pytest.raises(DynaTreeError, match="alpha"):
-        SuffixSource(alpha=-1.0)
+        TextIndex(alpha=-1.0)
     with pytest.raises(DynaTreeError, match="option"):
-        SuffixSource(alfa=2.0)
+        TextIndex(alfa=2.0)
 
 
 # ------------------------------------------------------------------------------------ cache
@@ -360,7 +360,7 @@ def test_cache_keeps_the_newest_sequences_that_fit(max_tokens: int, adds: list[l
 def test_propose_best_takes_the_higher_score_and_the_source_uses_both() -> None:
     cache = SuffixCache(1000, max_depth=16)
     cache.add([1, 2, 3, 4, 5, 6, 7, 8])
-    src = SuffixSource(cache, max_depth=16, min_prob=0.0, alpha=4.0)
+    src = TextIndex(cache, max_depth=16, min_prob=0.0, alpha=4.0)
     src.start([9, 1, 2])  # only the cache has seen "1 2" continue
     prop = src.propose(8)
     assert prop.tokens[:6] == [3, 4, 5, 6, 7, 8]

@@ -9,7 +9,8 @@ from tiny import hf_greedy, perturbed, tiny_model
 
 from dynatree import EngineOptions, SamplingConfig, StoppingConfig, generate
 from dynatree.core.tree import TreeBuilder
-from dynatree.drafts.suffix import HybridDraft, SuffixDraft, TextDraft, merge
+from dynatree.drafts.hybrid import HybridProposer, merge
+from dynatree.drafts.suffix import TextDraft, TextProposer
 from dynatree.drafts.suffix_index import Proposal
 from dynatree.drafts.registry import proposer_for
 from dynatree.errors import DynaTreeError
@@ -71,8 +72,8 @@ def test_sampling_with_the_text_draft_is_reproducible_and_in_range() -> None:
 
 def test_the_registry_picks_the_text_sources() -> None:
     draft = tiny_model("llama", seed=2)
-    assert proposer_for(None) is SuffixDraft and proposer_for(TextDraft()) is SuffixDraft
-    assert proposer_for(TextDraft(model=draft)) is HybridDraft
+    assert proposer_for(None) is TextProposer and proposer_for(TextDraft()) is TextProposer
+    assert proposer_for(TextDraft(model=draft)) is HybridProposer
     with pytest.raises(DynaTreeError, match="no draft source takes"):
         proposer_for("not a model")
     with pytest.raises(DynaTreeError, match="budget"):
@@ -99,7 +100,7 @@ def test_a_broken_index_commit_drafts_worse(monkeypatch: pytest.MonkeyPatch) -> 
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
     whole = TextDraft(trim=False)
     good = generate(target, whole, ids, max_new_tokens=120, stopping=NO_EOS)  # (the tiny model's output loops)
-    monkeypatch.setattr(SuffixDraft, "observe", lambda self, outcome: None)
+    monkeypatch.setattr(TextProposer, "observe", lambda self, outcome: None)
     bad = generate(target, whole, ids, max_new_tokens=120, stopping=NO_EOS)
     assert torch.equal(good.sequences, bad.sequences)  # exact either way...
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731
@@ -138,10 +139,10 @@ def test_the_cache_takes_in_the_request_as_returned_not_what_a_last_round_commit
     """A last round may commit tokens past the stop token or the length limit, which the output does
     not keep: the cross-request cache must hold the request as returned (prompt + output), or a
     later request would be drafted from tokens no one saw."""
-    from dynatree.drafts.suffix_index import SuffixCache, SuffixSource
+    from dynatree.drafts.suffix_index import SuffixCache, TextIndex
 
     cache = SuffixCache(10_000)
-    source = SuffixSource(cache)
+    source = TextIndex(cache)
     source.start([5, 6, 7])
     source.commit([8, 9, 10, 11])  # the round committed 4 tokens, the output kept 2
     source.finish(length=5)
@@ -152,11 +153,11 @@ def test_the_cache_takes_in_the_request_as_returned_not_what_a_last_round_commit
 @pytest.mark.parametrize("with_model", [False, True], ids=["text", "hybrid"])
 def test_the_loop_tells_the_source_how_long_the_request_is(with_model: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """``finish`` gets the returned sequence's length (prompt + output), whichever source drafts."""
-    from dynatree.drafts.suffix_index import SuffixSource
+    from dynatree.drafts.suffix_index import TextIndex
 
     lengths: list[int | None] = []
-    real = SuffixSource.finish
-    monkeypatch.setattr(SuffixSource, "finish", lambda self, keep_prompt=True, length=None: (
+    real = TextIndex.finish
+    monkeypatch.setattr(TextIndex, "finish", lambda self, keep_prompt=True, length=None: (
         lengths.append(length), real(self, keep_prompt, length)))
     target = tiny_model("llama", seed=1)
     ids = repetitive_prompt(target.config.vocab_size)

@@ -1,5 +1,5 @@
-"""Greedy exactness of speculation from the text: ``draft=None`` (SuffixDraft) and
-``TextDraft(model=draft)`` (HybridDraft, the text merged into the model's tree).
+"""Greedy exactness of speculation from the text: ``draft=None`` (TextProposer) and
+``TextDraft(model=draft)`` (HybridProposer, the text merged into the model's tree).
 
 Every strategy, the four tiny architectures, a prompt that repeats (so the suffix index proposes
 deep, branching continuations) and one that never does; EOS on a node inside an accepted text
@@ -35,7 +35,7 @@ import dynatree.core.verify
 import dynatree.loop.generate
 from dynatree import STRATEGIES, StoppingConfig
 from dynatree.core.tree import children_lists
-from dynatree.drafts import suffix
+from dynatree.drafts import hybrid
 from dynatree.drafts.suffix import TextDraft
 
 # text: draft=None (TextDraft()); hybrid: TextDraft(model=draft), where the model sits out the rounds the text is
@@ -55,7 +55,7 @@ PROMPT_SEEDS = {"llama": 21, "gpt2": 15, "neox": 1, "qwen2": 2}
 # others (nor, for qwen2, any prompt seed up to 60). The budget cases are the pairs where it happens.
 BUDGET_CASES = [(a, s) for a in ARCHS for s in SOURCES if a != "qwen2" and (s != "hybrid-merge" or a == "neox")]
 N_REPEAT, N_FRESH, N_CASES = 30, 24, 80  # tokens generated per run: matrix (two prompts), cases
-REAL_MERGE = suffix.merge
+REAL_MERGE = hybrid.merge
 REAL_TRUNCATE = dynatree.loop.generate._truncate
 
 
@@ -105,7 +105,7 @@ def draft_for(arch: str, source: str, trim: bool = False) -> TextDraft | None:
 
 
 class Recorder:
-    """``on_round`` callback that also wraps :func:`suffix.merge`: per round, the tree nodes that
+    """``on_round`` callback that also wraps :func:`hybrid.merge`: per round, the tree nodes that
     came from the text (every node of a round the model sat out; else the nodes the merged
     proposal maps to, added or shared with the model's tree) and the nodes merge added (None when
     the model sat out)."""
@@ -138,11 +138,11 @@ class Recorder:
 @contextlib.contextmanager
 def recording(merge=REAL_MERGE) -> Iterator[Recorder]:
     rec = Recorder(merge)
-    suffix.merge = rec.merge  # HybridDraft.draft looks merge up in its module
+    hybrid.merge = rec.merge  # HybridProposer.propose looks merge up in its module
     try:
         yield rec
     finally:
-        suffix.merge = REAL_MERGE
+        hybrid.merge = REAL_MERGE
 
 
 def run(arch: str, source: str, strategy: str, prompt: tuple[int, ...], n: int, eos: int | None = None,

@@ -32,7 +32,7 @@ import dynatree.loop.generate
 from dynatree.core import verify
 from dynatree.core.sampling import SamplingConfig, draw, target_probs, uniform, without
 from dynatree.core.tree import children_lists
-from dynatree.drafts import suffix
+from dynatree.drafts import hybrid
 from dynatree.drafts.suffix import TextDraft
 from dynatree.options import StoppingConfig
 
@@ -43,7 +43,7 @@ POSITIONS = 3
 T = 0.6
 SAMPLED = SamplingConfig(temperature=T)
 NO_EOS = StoppingConfig(eos_token_id=())
-REAL_MERGE = suffix.merge
+REAL_MERGE = hybrid.merge
 
 # name: (TextDraft options or None for draft=None, strategy, strategy options)
 CONFIGS = {
@@ -111,7 +111,7 @@ def sample(models, exact, config: str, merge=REAL_MERGE) -> tuple[list[float], T
     source = None if text is None else TextDraft(model=draft, **text)
     counts = torch.zeros(POSITIONS, V)
     tally = Tally(merge)
-    suffix.merge = tally.merge
+    hybrid.merge = tally.merge
     try:
         for seed in range(RUNS):
             tally.new_run()
@@ -120,7 +120,7 @@ def sample(models, exact, config: str, merge=REAL_MERGE) -> tuple[list[float], T
                                     sampling=SAMPLED, seed=seed, on_round=tally, **opts)
             counts[torch.arange(POSITIONS), out.sequences[0, len(PROMPT):len(PROMPT) + POSITIONS]] += 1
     finally:
-        suffix.merge = REAL_MERGE
+        hybrid.merge = REAL_MERGE
     return [chi_square_pvalue(counts[i], exact[i])[2] for i in range(POSITIONS)], tally
 
 

@@ -22,7 +22,8 @@ from dynatree import tuning
 from dynatree.core import costmodel
 from dynatree.core.costmodel import CostProfile, choose_budget
 from dynatree.core.tree import TreeBuilder, validate
-from dynatree.drafts.suffix import HybridDraft, StepAcceptance, SuffixDraft, TextDraft, gains, merge, trim, trim_merged
+from dynatree.drafts.hybrid import HybridProposer, merge, trim_merged
+from dynatree.drafts.suffix import StepAcceptance, TextDraft, TextProposer, gains, trim
 from dynatree.drafts.suffix_index import Proposal, SuffixIndex
 from dynatree.errors import DynaTreeError
 
@@ -299,14 +300,14 @@ def test_text_draft_trim_field_and_curves() -> None:
 
 
 def test_a_measured_profile_replaces_the_default_curve() -> None:
-    def opened(config: TextDraft, profile: CostProfile | None) -> SuffixDraft:
-        return SuffixDraft.open(config, context(cost_profile=lambda: profile))
+    def opened(config: TextDraft, profile: CostProfile | None) -> TextProposer:
+        return TextProposer.open(config, context(cost_profile=lambda: profile))
 
-    assert SuffixDraft.wants_cost_model(TextDraft()) and opened(TextDraft(), None).cost == cpu()
+    assert TextProposer.wants_cost_model(TextDraft()) and opened(TextDraft(), None).cost == cpu()
     # (none measured: the default curve stays)
     assert opened(TextDraft(), steep()).cost == steep()
     off = opened(TextDraft(trim=False), steep())
-    assert not SuffixDraft.wants_cost_model(TextDraft(trim=False)) and off.cost is None
+    assert not TextProposer.wants_cost_model(TextDraft(trim=False)) and off.cost is None
 
 
 def context(**fields):
@@ -376,9 +377,9 @@ def test_the_loop_hands_a_measured_profile_to_the_text_source(tmp_path, monkeypa
 
 def test_hybrid_source_gets_the_device_curve() -> None:
     ctx = context()
-    assert HybridDraft.open(TextDraft(model=perturbed(ctx.target)), ctx).cost == cpu()
-    assert HybridDraft.open(TextDraft(model=perturbed(ctx.target), trim=False), ctx).cost is None
-    assert SuffixDraft.open(None, ctx).cost == cpu()
+    assert HybridProposer.open(TextDraft(model=perturbed(ctx.target)), ctx).cost == cpu()
+    assert HybridProposer.open(TextDraft(model=perturbed(ctx.target), trim=False), ctx).cost is None
+    assert TextProposer.open(None, ctx).cost == cpu()
 
 
 # ------------------------------------------------------------------------------- the bench

@@ -5,7 +5,7 @@
 The autoregressive rows of ``benchmarks/instruct/cpu.jsonl`` are the target's greedy output for
 the twelve held-out instruct prompts, so a text-only round needs no model: it commits the longest
 path of its tree equal to the next output tokens, plus the bonus token. This runs the library's
-own ``SuffixDraft`` (proposal, cut, calibration) round by round, with the back-off off, and prints
+own ``TextProposer`` (proposal, cut, calibration) round by round, with the back-off off, and prints
 per category: tokens per round, drafted nodes per round, and the *modeled* verify cost per
 committed token in one-row steps under ``tuning.TEXT_COST_CURVE["cpu"]`` -- the cost the cut
 itself optimises, so it is the model's verdict, not a measurement ("+0.1/round" adds a tenth of a
@@ -27,7 +27,7 @@ from dynatree import tuning
 from dynatree.bench.instruct import instruct_set
 from dynatree.core.costmodel import CostProfile
 from dynatree.core.tree import TreeBuilder, children_lists
-from dynatree.drafts.suffix import StepAcceptance, SuffixDraft, TextDraft
+from dynatree.drafts.suffix import StepAcceptance, TextProposer, TextDraft
 from dynatree.loading.models import load_tokenizer
 
 RESULTS = Path(__file__).resolve().parents[1] / "instruct" / "cpu.jsonl"
@@ -43,7 +43,7 @@ class _Raw(StepAcceptance):
 def replay(prompt: list[int], out: list[int], config: TextDraft, cost: CostProfile | None,
            acceptance: StepAcceptance | None, curve: CostProfile) -> tuple[int, int, float]:
     """(rounds, drafted nodes, modeled verify cost) of a text-only run whose output is ``out``."""
-    src = SuffixDraft(config, cost)
+    src = TextProposer(config, cost)
     if acceptance is not None:
         src.acceptance = acceptance
     src.prefill(prompt)

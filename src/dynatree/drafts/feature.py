@@ -15,14 +15,14 @@ from dynatree.core.proposer import Outcome, RunContext
 from dynatree.core.kv import KVModel
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.drafts.feature_head import uses_target_features
-from dynatree.drafts.model import Drafter, check_vocab, open_kv, shape
+from dynatree.drafts.model import ModelProposer, check_vocab, open_kv, shape
 from dynatree.errors import DynaTreeError
 
 if TYPE_CHECKING:
     from dynatree.options import EngineOptions
 
 
-class FeatureDrafter(Drafter):
+class FeatureProposer(ModelProposer):
     """The drafter of a feature-conditioned draft (:mod:`dynatree.drafts.feature_head`).
 
     Every draft row of token j is computed from token j's embedding and the feature of its parent:
@@ -32,7 +32,7 @@ class FeatureDrafter(Drafter):
     * tree nodes use the draft's own *predicted* feature of their parent (the root's comes from
       the pending tokens' call), kept per node for the next level.
 
-    Unlike :class:`Drafter`, :meth:`commit` keeps none of the tree's rows: accepted nodes were
+    Unlike :class:`ModelProposer`, :meth:`commit` keeps none of the tree's rows: accepted nodes were
     drafted from predicted features, so they are run again next round with the target's (one
     draft call over the accepted tokens + bonus, which is the call the round starts with anyway).
     """
@@ -51,7 +51,7 @@ class FeatureDrafter(Drafter):
         return "hf"
 
     @classmethod
-    def open(cls, draft: Any, context: RunContext) -> "FeatureDrafter":
+    def open(cls, draft: Any, context: RunContext) -> "FeatureProposer":
         if context.streaming is not None:
             raise DynaTreeError("kv_window is not supported with a feature-conditioned draft (its features would "
                                 "have to be evicted with the cache); use an independent draft")

@@ -13,7 +13,7 @@ Where the target's features come from: committed tokens were all run through the
 prefill or a verify pass), so their features are known exactly; the verify pass computes every
 tree node's final hidden state anyway, so the accepted nodes' features cost nothing. Inside a tree
 a node's parent was never run through the target, so deeper levels read the head's *own*
-predicted feature of the parent (what :class:`~dynatree.drafts.model.FeatureDrafter` keeps per node).
+predicted feature of the parent (what :class:`~dynatree.drafts.model.FeatureProposer` keeps per node).
 
 **Fused layers (EAGLE-3).** The final hidden state is tuned to predict the next token only; the
 outputs of a low, a middle and a high decoder layer also keep what the target knows about the token

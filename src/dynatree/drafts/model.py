@@ -7,7 +7,7 @@ ancestors and itself only. Draft cache layout during a round::
     [committed tokens already cached | pending committed tokens (end with the root) | expanded nodes in call order]
 
 Only expanded nodes get draft KV rows (leaves are never run through the draft). After the target
-decides, :meth:`Drafter.commit` keeps the rows of accepted nodes that have them; accepted tokens
+decides, :meth:`ModelProposer.commit` keeps the rows of accepted nodes that have them; accepted tokens
 without rows, plus the bonus token, become the pending tokens run at the start of the next round.
 """
 
@@ -30,7 +30,7 @@ from dynatree.runtime.engines import cached_model
 from dynatree.runtime.streaming import StreamingKV, find_rope
 
 
-class Drafter(Proposer):
+class ModelProposer(Proposer):
     """Level-batched draft forwards with a tree mask, over the draft's :class:`~dynatree.core.kv.KVModel`;
     the tree's shape is its policy's (linear, fixed, DynaTree, DySpec, ...), which calls back
     :meth:`forward` for the levels it expands.
@@ -48,7 +48,7 @@ class Drafter(Proposer):
         return [draft]
 
     @classmethod
-    def open(cls, draft: Any, context: RunContext) -> "Drafter":
+    def open(cls, draft: Any, context: RunContext) -> "ModelProposer":
         check_vocab(context.target, draft, context.allow_vocab_mismatch)
         return cls(open_kv(draft, context, cls.draft_engine(context.options)), *shape(context))
 
@@ -173,7 +173,7 @@ def open_kv(draft: torch.nn.Module, context: RunContext, engine: str) -> KVModel
     """The draft's model+cache for one generation: room for the committed tokens plus several
     levels of expanded nodes; wrapped for KV eviction when the run evicts."""
     kv: KVModel = cached_model(draft, context.vocab, engine, draft_rows(context.rows),
-                               context.options.cache_options(context.target_kv.device.type))
+                               context.options.cache_options(context.target_kv.device.type), pool=context.options.pool)
     if context.streaming is not None:
         kv = StreamingKV(kv, context.streaming, find_rope(draft))
     return kv

@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from dynatree.core.proposer import Proposer, RunContext
-from dynatree.drafts.feature import FeatureDrafter
-from dynatree.drafts.model import Drafter
-from dynatree.drafts.suffix import HybridDraft, SuffixDraft
+from dynatree.drafts.feature import FeatureProposer
+from dynatree.drafts.model import ModelProposer
+from dynatree.drafts.hybrid import HybridProposer
+from dynatree.drafts.suffix import TextProposer
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.inputs import check_causal_lm
 
-PROPOSERS: list[type[Proposer]] = [SuffixDraft, HybridDraft, FeatureDrafter, Drafter]
+PROPOSERS: list[type[Proposer]] = [TextProposer, HybridProposer, FeatureProposer, ModelProposer]
 
 
 def register(proposer: type[Proposer]) -> type[Proposer]:

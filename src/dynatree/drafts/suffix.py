@@ -1,12 +1,10 @@
-"""Draft sources that read the text itself: a suffix index over the prompt and the output so far.
+"""The text as a draft: a suffix index over the prompt and the output so far.
 
-* :class:`SuffixDraft` -- no draft model at all (``generate(target, None, ids)``): each round's
-  tree is the index's best-first proposal (SuffixDecoding's idea: the longest suffix of the text
-  that occurred before, and the continuations that followed it, with count-based probabilities).
-* :class:`HybridDraft` -- a draft model *and* the text, in one verified tree: where the text is
-  confident (its proposal's expected accepted length reaches ``confident``) the model is not
-  called at all; elsewhere the policy grows the model's tree and the text's proposal is merged
-  into it under one root, sharing the nodes the two agree on.
+:class:`TextProposer` drafts with no draft model at all (``generate(target, None, ids)``): each
+round's tree is the index's best-first proposal (SuffixDecoding's idea: the longest suffix of the
+text that occurred before, and the continuations that followed it, with count-based
+probabilities). :class:`TextDraft` configures it, and with ``model=`` asks for the draft model and
+the text in one tree (:mod:`dynatree.drafts.hybrid`).
 
 Both cut the text's proposal to the best-first prefix that maximises expected committed tokens per
 unit of verify cost (:func:`trim`, with ``TextDraft(trim=True)``, the default). The gains are the
@@ -38,10 +36,7 @@ import torch
 from dynatree.core.costmodel import CostProfile, choose_budget
 from dynatree.core.proposer import Outcome, Proposer, RunContext
 from dynatree.core.tree import TreeBuilder, committed_tokens
-from dynatree.drafts.feature import FeatureDrafter
-from dynatree.drafts.model import Drafter
-from dynatree.drafts.model_gate import ModelGate
-from dynatree.drafts.suffix_index import Proposal, SuffixCache, SuffixSource
+from dynatree.drafts.suffix_index import Proposal, SuffixCache, TextIndex
 from dynatree import tuning
 from dynatree.errors import check
 
@@ -82,8 +77,8 @@ class TextDraft:
         check(isinstance(self.trim, bool), "trim", "True or False", self.trim)
         check(self.model_min_gain >= 0, "model_min_gain", "a number >= 0", self.model_min_gain)
 
-    def index(self) -> SuffixSource:
-        return SuffixSource(self.cache, min_prob=self.min_prob, alpha=self.alpha, max_spec=self.max_spec)
+    def index(self) -> TextIndex:
+        return TextIndex(self.cache, min_prob=self.min_prob, alpha=self.alpha, max_spec=self.max_spec)
 
     def cost_curve(self, device: str) -> CostProfile | None:
         """What :func:`trim` weighs rows by before (or without) a measured profile: the device's
@@ -157,7 +152,7 @@ def trim(proposal: Proposal, cost: CostProfile, base: float = 1.0, rows: int = 1
     return proposal.head(choose_budget(cost, gains(proposal, rate), base=base, rows=rows))
 
 
-class SuffixDraft(Proposer):
+class TextProposer(Proposer):
     """Speculation with no draft model: the tree is the suffix index's proposal."""
 
     name = "suffix"
@@ -175,7 +170,7 @@ class SuffixDraft(Proposer):
         return (draft or TextDraft()).trim
 
     @classmethod
-    def open(cls, draft: Any, context: RunContext) -> "SuffixDraft":
+    def open(cls, draft: Any, context: RunContext) -> "TextProposer":
         config = draft if draft is not None else TextDraft()
         return cls(config, text_cost(config, context))
 
@@ -206,91 +201,6 @@ class SuffixDraft(Proposer):
         self.text.finish(length=length)  # into the cross-request cache, when there is one
 
 
-class HybridDraft(Proposer):
-    """A draft model and the text in one tree (see the module docstring)."""
-
-    name = "hybrid"
-
-    @classmethod
-    def accepts(cls, draft: Any) -> bool:
-        return isinstance(draft, TextDraft) and draft.model is not None
-
-    @classmethod
-    def models(cls, draft: Any) -> list[torch.nn.Module]:
-        return [draft.model]
-
-    @classmethod
-    def max_depth(cls, draft: Any) -> int:
-        return draft.max_spec
-
-    @classmethod
-    def wants_cost_model(cls, draft: Any) -> bool:
-        return draft.trim
-
-    @classmethod
-    def open(cls, draft: Any, context: RunContext) -> "HybridDraft":
-        model = FeatureDrafter if FeatureDrafter.accepts(draft.model) else Drafter  # the model part's own proposer
-        return cls(draft, model.open(draft.model, context), text_cost(draft, context))
-
-    def __init__(self, config: TextDraft, model: Drafter, cost: CostProfile | None = None) -> None:
-        self.config, self.model = config, model
-        self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
-        self.wants_features = model.wants_features  # type: ignore[misc]
-        self.feature_layers = model.feature_layers
-        self.text = config.index()
-        self.acceptance = StepAcceptance()
-        self._proposal: Proposal | None = None  # this round's whole text proposal, for the calibration
-        self._merged: Proposal | None = None  # the text nodes that joined the model's tree this round
-        self._called = False  # whether the model drafted this round
-        self.gate = ModelGate(min_gain=config.model_min_gain)
-
-    @property
-    def calls(self) -> int:
-        return self.model.calls if self._called else 0
-
-    def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
-        self.text.start(list(prompt))
-        self.model.prefill(prompt, features)
-
-    def propose(self, builder: TreeBuilder) -> None:
-        proposal = self._proposal = self.text.propose(builder.cap(self.config.budget))
-        # The raw score decides whether the model sits out, not the calibrated one: on a CPU the
-        # cut then turns a confident-looking but refused text into a plain step, where the
-        # calibrated score called the model instead (chat, 128 tokens, real pair: model rounds
-        # 35 -> 84 of ~85, modeled verify cost per token 0.99 -> 1.13, the model's calls not counted).
-        # Where the text is unsure, the model still drafts only while it earns its calls (ModelGate).
-        self._called = proposal.score < self.config.confident and self.gate.should_call()
-        rate = self.acceptance.rate
-        if self._called:  # the text is unsure: the model drafts, the text joins in
-            self.model.propose(builder)
-            # the engine's largest verify call (the static engine's largest bucket) caps the merge
-            if self.cost is not None:
-                proposal = trim_merged(builder, proposal, self.cost, builder.max_rows, rate)
-            merge(builder, proposal, builder.max_rows)
-            self._merged = proposal
-        else:
-            if self.cost is not None:
-                proposal = trim(proposal, self.cost, rate=rate)
-            proposal.add_to(builder)
-
-    def observe(self, outcome: Outcome) -> None:
-        tokens = committed_tokens(outcome.tree, list(outcome.accepted), outcome.bonus)
-        if self._proposal is not None and self.cost is not None:
-            self.acceptance.learn(self._proposal, tokens)  # (the committed tokens are the target's, whoever drafted)
-        if self._called and self._merged is not None:  # what the model added beyond the text's nodes
-            self.gate.observe(max(0, len(outcome.accepted) - self._merged.matched(tokens)))
-        self._proposal = self._merged = None
-        self.text.commit(tokens)
-        self.model.observe(outcome)
-
-    def finish(self, length: int | None = None) -> None:
-        self.text.finish(length=length)
-        self.model.finish(length)
-
-    def state(self) -> dict[str, float]:
-        return self.model.state()
-
-
 def text_cost(config: TextDraft, context: RunContext) -> CostProfile | None:
     """The curve the text's proposals are cut by: the target's measured verify-cost profile when the
     cost model is on and measured one, else the device's default relative curve (None: no cut)."""
@@ -298,55 +208,3 @@ def text_cost(config: TextDraft, context: RunContext) -> CostProfile | None:
         return None
     profile = context.cost_profile()
     return profile if profile is not None else config.cost_curve(context.target_kv.device.type)
-
-
-def merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None = None) -> int:
-    """Add ``proposal``'s nodes to ``builder`` under the root, reusing a node where the tree
-    already has that token under that parent; a node's subtree is dropped where its parent's
-    children were sampled (DySpec), and where the tree already has ``max_rows`` rows (root
-    included: the static engine's largest bucket). Returns the number of nodes added."""
-    return len(_merge(builder, proposal, max_rows))
-
-
-def _merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None, apply: bool = True) -> list[int]:
-    """:func:`merge`; returns the proposal indices of the nodes it adds, in order. ``apply=False``
-    changes nothing: it says which nodes a merge would add."""
-    children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(builder.parent, builder.tokens)) if i}
-    where: list[int | None] = []
-    added: list[int] = []
-    size = len(builder.tokens)
-    for i, (parent, token, logq) in enumerate(zip(proposal.parents, proposal.tokens, proposal.logprobs)):
-        at = 0 if parent < 0 else where[parent]
-        if at is None or at in builder.child_q:
-            where.append(None)
-            continue
-        node = children.get((at, token))
-        if node is None and max_rows is not None and size >= max_rows:
-            where.append(None)  # (best-first: what is left is less likely, and its subtree goes too)
-            continue
-        if node is None:
-            node = builder.add(at, token, logq) if apply else size
-            size += 1
-            children[(at, token)] = node
-            added.append(i)
-        where.append(node)
-    return added
-
-
-def trim_merged(builder: TreeBuilder, proposal: Proposal, cost: CostProfile, max_rows: int | None = None,
-                rate: float = 1.0) -> Proposal:
-    """The best-first prefix of ``proposal`` whose :func:`merge` into ``builder`` (the draft
-    model's tree) maximises expected committed tokens per unit of verify cost. The tree's own nodes
-    are rows already paid for and their path probabilities (the draft model's, capped at 1) the
-    round's expected tokens so far; a text node the tree already has adds neither a row nor a gain;
-    each node the merge would add costs a row and gains its text path probability calibrated by
-    ``rate`` (:func:`gains`). A merge decides
-    each node from the nodes before it only, so merging the returned prefix adds exactly the
-    first chosen nodes of the whole proposal's merge. ``builder`` is not changed."""
-    added = _merge(builder, proposal, max_rows, apply=False)
-    if not added:
-        return proposal
-    base = 1.0 + sum(min(1.0, math.exp(lq)) for lq in builder.cum_logq[1:])
-    node_gains = gains(proposal, rate)
-    keep = choose_budget(cost, [node_gains[i] for i in added], base=base, rows=len(builder))
-    return proposal if keep == len(added) else proposal.head(added[keep])

@@ -53,7 +53,7 @@ from dynatree.errors import DynaTreeError, check
 if TYPE_CHECKING:
     from dynatree.core.tree import TreeBuilder
 
-__all__ = ["Proposal", "SuffixCache", "SuffixIndex", "SuffixSource", "propose_best"]
+__all__ = ["Proposal", "SuffixCache", "SuffixIndex", "TextIndex", "propose_best"]
 
 
 class _Node:
@@ -482,7 +482,7 @@ class SuffixCache:
         return self.index.propose(context, budget, **options)  # type: ignore[arg-type]
 
 
-class SuffixSource:
+class TextIndex:
     """One request's suffix drafting: its prompt and committed tokens in a fresh index, plus an
     optional shared :class:`SuffixCache`; the better-scoring proposal of the two is used.
 

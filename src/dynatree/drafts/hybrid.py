@@ -1,0 +1,163 @@
+"""The draft model and the text in one verified tree: no shipped engine merges the two per step.
+
+Where the text is confident (its proposal's expected accepted length reaches
+``TextDraft.confident``) the model is not called at all; elsewhere the model proposer grows its
+tree (its policy decides the shape) and the text's proposal is merged into it under one root,
+sharing the nodes the two agree on, cut by the same verify-cost rule as the text alone
+(:func:`trim_merged`). Text nodes are never attached below a node whose children were *sampled*
+(DySpec), which verification reads as all drawn from one distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dynatree.core.costmodel import CostProfile, choose_budget
+from dynatree.core.proposer import Outcome, Proposer, RunContext
+from dynatree.core.tree import TreeBuilder, committed_tokens
+from dynatree.drafts.feature import FeatureProposer
+from dynatree.drafts.model import ModelProposer
+from dynatree.drafts.model_gate import ModelGate
+from dynatree.drafts.suffix import StepAcceptance, TextDraft, gains, text_cost, trim
+from dynatree.drafts.suffix_index import Proposal
+
+
+class HybridProposer(Proposer):
+    """A draft model and the text in one tree (see the module docstring)."""
+
+    name = "hybrid"
+
+    @classmethod
+    def accepts(cls, draft: Any) -> bool:
+        return isinstance(draft, TextDraft) and draft.model is not None
+
+    @classmethod
+    def models(cls, draft: Any) -> list[torch.nn.Module]:
+        return [draft.model]
+
+    @classmethod
+    def max_depth(cls, draft: Any) -> int:
+        return draft.max_spec
+
+    @classmethod
+    def wants_cost_model(cls, draft: Any) -> bool:
+        return draft.trim
+
+    @classmethod
+    def open(cls, draft: Any, context: RunContext) -> "HybridProposer":
+        model = FeatureProposer if FeatureProposer.accepts(draft.model) else ModelProposer  # the model part's own proposer
+        return cls(draft, model.open(draft.model, context), text_cost(draft, context))
+
+    def __init__(self, config: TextDraft, model: ModelProposer, cost: CostProfile | None = None) -> None:
+        self.config, self.model = config, model
+        self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
+        self.wants_features = model.wants_features  # type: ignore[misc]
+        self.feature_layers = model.feature_layers
+        self.text = config.index()
+        self.acceptance = StepAcceptance()
+        self._proposal: Proposal | None = None  # this round's whole text proposal, for the calibration
+        self._merged: Proposal | None = None  # the text nodes that joined the model's tree this round
+        self._called = False  # whether the model drafted this round
+        self.gate = ModelGate(min_gain=config.model_min_gain)
+
+    @property
+    def calls(self) -> int:
+        return self.model.calls if self._called else 0
+
+    def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
+        self.text.start(list(prompt))
+        self.model.prefill(prompt, features)
+
+    def propose(self, builder: TreeBuilder) -> None:
+        proposal = self._proposal = self.text.propose(builder.cap(self.config.budget))
+        # The raw score decides whether the model sits out, not the calibrated one: on a CPU the
+        # cut then turns a confident-looking but refused text into a plain step, where the
+        # calibrated score called the model instead (chat, 128 tokens, real pair: model rounds
+        # 35 -> 84 of ~85, modeled verify cost per token 0.99 -> 1.13, the model's calls not counted).
+        # Where the text is unsure, the model still drafts only while it earns its calls (ModelGate).
+        self._called = proposal.score < self.config.confident and self.gate.should_call()
+        rate = self.acceptance.rate
+        if self._called:  # the text is unsure: the model drafts, the text joins in
+            self.model.propose(builder)
+            # the engine's largest verify call (the static engine's largest bucket) caps the merge
+            if self.cost is not None:
+                proposal = trim_merged(builder, proposal, self.cost, builder.max_rows, rate)
+            merge(builder, proposal, builder.max_rows)
+            self._merged = proposal
+        else:
+            if self.cost is not None:
+                proposal = trim(proposal, self.cost, rate=rate)
+            proposal.add_to(builder)
+
+    def observe(self, outcome: Outcome) -> None:
+        tokens = committed_tokens(outcome.tree, list(outcome.accepted), outcome.bonus)
+        if self._proposal is not None and self.cost is not None:
+            self.acceptance.learn(self._proposal, tokens)  # (the committed tokens are the target's, whoever drafted)
+        if self._called and self._merged is not None:  # what the model added beyond the text's nodes
+            self.gate.observe(max(0, len(outcome.accepted) - self._merged.matched(tokens)))
+        self._proposal = self._merged = None
+        self.text.commit(tokens)
+        self.model.observe(outcome)
+
+    def finish(self, length: int | None = None) -> None:
+        self.text.finish(length=length)
+        self.model.finish(length)
+
+    def state(self) -> dict[str, float]:
+        return self.model.state()
+
+
+def merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None = None) -> int:
+    """Add ``proposal``'s nodes to ``builder`` under the root, reusing a node where the tree
+    already has that token under that parent; a node's subtree is dropped where its parent's
+    children were sampled (DySpec), and where the tree already has ``max_rows`` rows (root
+    included: the static engine's largest bucket). Returns the number of nodes added."""
+    return len(_merge(builder, proposal, max_rows))
+
+
+def _merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None, apply: bool = True) -> list[int]:
+    """:func:`merge`; returns the proposal indices of the nodes it adds, in order. ``apply=False``
+    changes nothing: it says which nodes a merge would add."""
+    children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(builder.parent, builder.tokens)) if i}
+    where: list[int | None] = []
+    added: list[int] = []
+    size = len(builder.tokens)
+    for i, (parent, token, logq) in enumerate(zip(proposal.parents, proposal.tokens, proposal.logprobs)):
+        at = 0 if parent < 0 else where[parent]
+        if at is None or at in builder.child_q:
+            where.append(None)
+            continue
+        node = children.get((at, token))
+        if node is None and max_rows is not None and size >= max_rows:
+            where.append(None)  # (best-first: what is left is less likely, and its subtree goes too)
+            continue
+        if node is None:
+            node = builder.add(at, token, logq) if apply else size
+            size += 1
+            children[(at, token)] = node
+            added.append(i)
+        where.append(node)
+    return added
+
+
+def trim_merged(builder: TreeBuilder, proposal: Proposal, cost: CostProfile, max_rows: int | None = None,
+                rate: float = 1.0) -> Proposal:
+    """The best-first prefix of ``proposal`` whose :func:`merge` into ``builder`` (the draft
+    model's tree) maximises expected committed tokens per unit of verify cost. The tree's own nodes
+    are rows already paid for and their path probabilities (the draft model's, capped at 1) the
+    round's expected tokens so far; a text node the tree already has adds neither a row nor a gain;
+    each node the merge would add costs a row and gains its text path probability calibrated by
+    ``rate`` (:func:`gains`). A merge decides
+    each node from the nodes before it only, so merging the returned prefix adds exactly the
+    first chosen nodes of the whole proposal's merge. ``builder`` is not changed."""
+    added = _merge(builder, proposal, max_rows, apply=False)
+    if not added:
+        return proposal
+    base = 1.0 + sum(min(1.0, math.exp(lq)) for lq in builder.cum_logq[1:])
+    node_gains = gains(proposal, rate)
+    keep = choose_budget(cost, [node_gains[i] for i in added], base=base, rows=len(builder))
+    return proposal if keep == len(added) else proposal.head(added[keep])
