@@ -35,11 +35,23 @@ def test_real_model_compiles_only_with_graphs_or_on_request(model, monkeypatch) 
     assert resolve(model, compile=True, buckets=(1, 4)) == ("static", True, (1, 4))
     with pytest.raises(DynaTreeError, match="compile=True needs engine='static'"):
         resolve(model, compile=True, kv_window=64)  # eviction runs on the hf engine only
-    monkeypatch.setattr(engines, "_compiled_buckets", lambda m: (1, 8))
-    assert resolve(model) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
-    assert resolve(model, compile=False) == ("hf", False, None)  # --no-compile
+    pool = engines.StaticPool()
+    monkeypatch.setattr(pool, "compiled_buckets", lambda m: (1, 8))
+    assert resolve(model, pool=pool) == ("static", True, (1, 8))  # graphs exist: use them, not new buckets
+    assert resolve(model, pool=pool, compile=False) == ("hf", False, None)  # --no-compile
     monkeypatch.setattr(engines, "_can_compile", lambda device: False)
+    assert resolve(model, pool=pool) == ("hf", False, None)
+
+
+def test_the_default_pool_never_decides_the_engine(model, monkeypatch) -> None:
+    """What earlier calls compiled into the process's default pool spares recompiling, nothing more:
+    a call without an explicit pool is decided the same whatever ran before it."""
+    monkeypatch.setattr(engines, "AUTO_MIN_PARAMS", 1)
+    monkeypatch.setattr(engines, "_can_compile", lambda device: True)
+    monkeypatch.setattr(engines.DEFAULT_POOL, "compiled_buckets", lambda m: (1, 8))
     assert resolve(model) == ("hf", False, None)
+    with pytest.raises(DynaTreeError, match="StaticPool"):
+        resolve(model, pool={})
 
 
 def test_explicit_engines_are_kept(model) -> None:

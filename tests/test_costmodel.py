@@ -161,20 +161,21 @@ def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypat
 
     monkeypatch.setattr(costmodel, "measure", fake_measure)
     policy = make_policy("dynatree", tau=0.0)
-    dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS)
-    assert measured == [11] and policy.cost_profile == steep(32)
+    first = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS)
+    assert measured == [11] and first.stats.cost_profile == steep(32)
+    assert policy.cost_profile is None  # (the caller's policy is not changed: the run's copy is)
     assert len(list((tmp_path / "costmodel").glob("*.json"))) == 1
     again = make_policy("dynatree", tau=0.0)
     r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, stopping=NO_EOS)
     assert measured == [11]  # second run: from disk
-    assert again.cost_profile == steep(32) and sum(x.drafted for x in r.stats.rounds) <= 1
+    assert r.stats.cost_profile == steep(32) and sum(x.drafted for x in r.stats.rounds) <= 1
 
 
 def test_switched_off_uses_fixed_budget(pair, monkeypatch) -> None:
     monkeypatch.setenv(costmodel.ENV_SWITCH, "off")
     policy = make_policy("dynatree", tau=0.0)
     r = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS)
-    assert policy.cost_profile is None and max(x.drafted for x in r.stats.rounds) <= 3
+    assert r.stats.cost_profile is None and max(x.drafted for x in r.stats.rounds) <= 3
 
 
 def test_measure_leaves_cache_empty_with_fake_clock(pair) -> None:

@@ -43,7 +43,7 @@ def test_generate_refuses_a_run_past_the_positions_and_says_what_fits() -> None:
 def test_precompile_never_sizes_a_cache_past_the_positions() -> None:
     target = tiny_model("llama", 0, max_positions=64)
     precompile_mod.precompile(target, None, HUGE, compile=False)  # would allocate HUGE cache rows
-    (kv,) = engines._STATIC[target].values()
+    (kv,) = engines.DEFAULT_POOL.entries(target).values()
     assert kv.capacity <= 2 * (256 + kv.buckets[-1])
 
 

@@ -72,7 +72,7 @@ def test_generate_takes_options(llama_pair) -> None:
     by_options = dynatree.generate(target, draft, IDS, "linear", k=3, options=opts, **run)
     reference = dynatree.generate(target, None, IDS, "autoregressive", options=EngineOptions(engine="hf"), **run)
     assert torch.equal(by_options.sequences, reference.sequences)
-    assert any(key[2].buckets is None for key in engines._STATIC[target])  # it ran the static engine
+    assert any(key[2].buckets is None for key in engines.DEFAULT_POOL.entries(target))  # it ran the static engine
     with pytest.raises(DynaTreeError, match="unknown tree_order"):  # refused before any model call
         dynatree.generate(target, draft, IDS, "linear", options=EngineOptions(tree_order="random"), **run)
 
@@ -106,4 +106,4 @@ def test_precompile_takes_a_text_draft(llama_pair) -> None:
     opts = EngineOptions(engine="static", buckets=(1, 4))
     dynatree.precompile(target, TextDraft(model=draft), 32, opts)
     dynatree.precompile(target, None, 32, opts)
-    assert any(key[2].buckets == (1, 4) for key in engines._STATIC[target])
+    assert any(key[2].buckets == (1, 4) for key in engines.DEFAULT_POOL.entries(target))

@@ -99,7 +99,7 @@ def test_builder_caps_budgets_and_refuses_past_its_limit() -> None:
 def test_every_policy_respects_the_builder_cap(pair) -> None:
     """One round of each policy at a generous budget into a 6-row builder: at most 5 nodes."""
     from dynatree.core.sampling import DraftSampler
-    from dynatree.drafts.model import Drafter
+    from dynatree.drafts.model import ModelProposer
     from dynatree.runtime.cache import CachedModel
 
     _, draft = pair
@@ -108,7 +108,7 @@ def test_every_policy_respects_the_builder_cap(pair) -> None:
                           ("dyspec-threshold", {"max_nodes": 40, "threshold": 0.001})]:
         policy = make_policy(name, **options)
         with torch.inference_mode():
-            drafter = Drafter(CachedModel(draft, draft.config.vocab_size), policy,
+            drafter = ModelProposer(CachedModel(draft, draft.config.vocab_size), policy,
                               DraftSampler(torch.Generator().manual_seed(0), 1.0))
             drafter.prefill([3, 4, 5])
             builder = TreeBuilder(5, max_rows=6)
@@ -124,7 +124,7 @@ def test_target_as_its_own_draft_gets_its_own_cache(pair) -> None:
     out = dynatree.generate(target, target, ids, "linear", max_new_tokens=100,
                             options=EngineOptions(engine="static", buckets=(1, 2, 4, 8)))
     assert out.sequences.tolist() == hf_greedy(target, ids, 100).tolist()
-    pool = engines._STATIC[target]
+    pool = engines.DEFAULT_POOL.entries(target)
     roles = {key[0] for key in pool}
     assert roles == {"target", "draft"}
     assert len({id(kv) for kv in pool.values()}) == len(pool)  # distinct objects

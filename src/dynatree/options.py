@@ -9,7 +9,7 @@ options before it loads anything.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,12 @@ class EngineOptions:
     machine at first use (cached on disk) unless ``linear_plan`` pins one; True forces the layout
     tuned on a 2-core AMD EPYC; False keeps ``F.linear`` (what HF runs). Resolved options carry
     the plan the run uses.
+
+    ``pool``: where the static engine keeps its model+cache objects, and the graphs compiled
+    against them, between calls (a :class:`dynatree.runtime.engines.StaticPool`). ``"auto"`` takes
+    the static engine on a CPU when this pool already holds compiled graphs for the model (what
+    :func:`dynatree.precompile` builds); None keeps them in the process's default pool, which only
+    spares recompiling and never changes what ``"auto"`` decides. Not part of the options' equality.
     """
 
     engine: str = "auto"
@@ -63,6 +69,7 @@ class EngineOptions:
     kv_window: int | None = None
     kv_sinks: int = 4
     linear_plan: LinearPlan | None = None
+    pool: Any = dataclasses.field(default=None, compare=False, repr=False)  # a StaticPool (see above)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -176,12 +176,11 @@ def run_engine(
 ) -> Measurement:
     """One timed ``generate`` of ``spec`` on ``prompt``; ``cache``: the cross-request text cache
     its text source reads (a ``text_cache`` spec; the bench passes it only for those)."""
-    policy = make_policy(spec.name, **spec.policy_options)  # an instance: its cost profile is read back
     result = generate(
         target,
         draft_for(spec, draft, cache),
         list(prompt.ids),
-        policy,
+        make_policy(spec.name, **spec.policy_options),
         max_new_tokens=max_new_tokens,
         stopping=StoppingConfig(eos_token_id=_eos(settings)),
         seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees
@@ -190,7 +189,7 @@ def run_engine(
     )
     d = result.stats.to_dict()
     per_round = d.pop("per_round")
-    d.update(cost_model_fields(policy, per_round))
+    d.update(cost_model_fields(result.stats.cost_profile, per_round))
     out = result.sequences[0, result.stats.prompt_tokens:].tolist()
     return Measurement(output_ids=out, stats=d, per_round=per_round)
 
@@ -234,10 +233,9 @@ def _history(prompts: Sequence[Prompt]) -> list[str]:
     return out
 
 
-def cost_model_fields(policy: DraftPolicy, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The verify-cost profile a policy sized its trees from and the mean budget it chose (nodes
-    per round); empty for a policy with a pinned budget."""
-    profile = policy.cost_profile
+def cost_model_fields(profile: Any, per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The verify-cost profile a run's policy sized its trees from (``GenerationStats.cost_profile``)
+    and the mean budget it chose (nodes per round); empty for a policy with a pinned budget."""
     budgets = [r["policy_state"]["budget"] for r in per_round if "budget" in (r.get("policy_state") or {})]
     if profile is None or not budgets:
         return {}

@@ -55,6 +55,8 @@ class GenerationStats:
     t_total: float = 0.0
     ttft: float = 0.0  # start -> first committed token (prefill of both models + first round)
     rounds: list[RoundStats] = field(default_factory=list)
+    #: the target's verify-cost profile the policy sized its trees from (a CostProfile; None: none)
+    cost_profile: Any = None
 
     @property
     def num_rounds(self) -> int:

@@ -11,6 +11,7 @@ child sampling and the verifier's), so ``seed=`` or ``generator=`` makes a run r
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 
@@ -174,10 +175,12 @@ def generate(
         if backoff is None:
             backoff = backoff_module.enabled()
         if backoff is not False and proposer is not None and sampling.greedy and sync is None:
-            pacer = backoff if isinstance(backoff, Backoff) else Backoff()
+            # (a given Backoff sets the thresholds; its copy keeps this call's state)
+            pacer = dataclasses.replace(backoff) if isinstance(backoff, Backoff) else Backoff()
         run = Run(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling, rng,
                   options.tree_order, lazy_head, sync, on_round, pacer, shared_random=policy.samples_children)
         result = _decode(target_kv, proposer, prompt, run)
+        result.stats.cost_profile = policy.cost_profile
     if recorder is not None:
         recorder.write(trace, result, policy)
     device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
@@ -187,9 +190,13 @@ def generate(
 
 
 def _policy(strategy: str | DraftPolicy, strategy_options: dict[str, Any]) -> DraftPolicy:
-    """The run's policy; a keyword that is neither generate's nor the strategy's gets a hint
-    (``temprature=`` is "did you mean temperature=?", not only "unknown option of dynatree")."""
+    """The run's policy: a fresh one by name, or a copy of the one given (a run changes its policy's
+    state; the caller's object stays as it was). A keyword that is neither generate's nor the
+    strategy's gets a hint (``temprature=`` is "did you mean temperature=?", not only "unknown
+    option of dynatree")."""
     try:
+        if isinstance(strategy, DraftPolicy) and not strategy_options:
+            return copy.deepcopy(strategy)
         return make_policy(strategy, **strategy_options)
     except DynaTreeError as error:
         known = [p for p in inspect.signature(generate).parameters if p not in ("deprecated_positional", "strategy_options")]

@@ -22,14 +22,16 @@ def precompile(
     compile: bool | str | None = None,
     buckets: tuple[int, ...] | None = None,
     cpu_linear: bool | None = None,
-) -> None:
-    """Build every bucket's graph of the pooled static engines now, for runs of up to ``max_rows``
-    (prompt + new tokens), so that no compilation lands inside a timed generation.
+) -> EngineOptions:
+    """Build every bucket's graph of the static engines now, for runs of up to ``max_rows``
+    (prompt + new tokens), so that no compilation lands inside a timed generation; returns the
+    resolved options to pass to those runs (``generate(..., options=...)``).
 
     Which buckets a run touches depends on the trees it happens to build, so warm-up runs alone
     can leave a graph to be compiled in the middle of a measurement (vLLM likewise captures all
     its CUDA-graph batch sizes at start-up). ``options`` (or the keywords) are those the runs will
-    use; the engine is the static one, compiled unless ``compile=False``.
+    use; the engine is the static one, compiled unless ``compile=False``. The objects go into
+    ``options.pool`` (a :class:`~dynatree.runtime.engines.StaticPool`; None: the default pool).
     """
     options = EngineOptions.merge(options, compile=compile, buckets=buckets, cpu_linear=cpu_linear)
     if options.engine == "hf":
@@ -47,7 +49,8 @@ def precompile(
         kvs = [cached_target(target, vocab, options, max_rows)]
         if proposer is not None:
             engine = proposer.draft_engine(options)
-            kvs += [cached_model(m, vocab, engine, draft_rows(max_rows), cache) for m in drafts]
+            kvs += [cached_model(m, vocab, engine, draft_rows(max_rows), cache, pool=options.pool) for m in drafts]
         for kv in kvs:
             if kv.engine == "static":
                 kv.precompile()
+    return options

@@ -1,10 +1,11 @@
 """Which engine a run gets and the model+cache objects it runs on.
 
 :func:`resolve` decides what :class:`~dynatree.options.EngineOptions` leaves to "auto";
-:func:`cached_model` hands out model+cache objects, pooling the static ones per model (their
-compiled graphs are tied to the cache storage, so reusing the object is what spares a second call
-from compiling again); :func:`dynatree.loop.precompile.precompile` builds every graph of that pool
-up front. The decoding loop itself (:mod:`dynatree.loop.generate`) only consumes what this module builds.
+:func:`cached_model` hands out model+cache objects, keeping the static ones in a
+:class:`StaticPool` (their compiled graphs are tied to the cache storage, so reusing the object is
+what spares a second call from compiling again); :func:`dynatree.loop.precompile.precompile` builds
+every graph of a pool up front. The decoding loop itself (:mod:`dynatree.loop.generate`) only
+consumes what this module builds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import sys
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -32,9 +34,10 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     the call wait minutes for a compiler.
 
     ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
-    compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when this process
-    already holds compiled graphs for the model (a library loop that compiled once, or
-    ``precompile``) or ``compile=True`` asks for it. Otherwise the eager hf engine: uncompiled, the
+    compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when the options'
+    explicit ``pool`` already holds compiled graphs for the model (``precompile`` into it, or an
+    earlier call that compiled with it) or ``compile=True`` asks for it. The process's default
+    pool is never consulted: what it holds only spares recompiling. Otherwise the eager hf engine: uncompiled, the
     static engine was no faster (same-process A/B, ``benchmarks/cpu/engine_ab.jsonl``), and on the
     benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
     warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
@@ -44,18 +47,18 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     """
     engine, compile, buckets = options.engine, options.compile, options.buckets
     if engine == "auto":
-        engine, compile, buckets = _auto_engine(target, compile, buckets, options.kv_window)
+        engine, compile, buckets = _auto_engine(target, compile, buckets, options.kv_window, options.pool)
     cpu_linear, plan = resolve_cpu_linear(target, options.cpu_linear, options.linear_plan)
     return options.replace(engine=engine, compile=False if compile is None else compile, buckets=buckets,
                            cpu_linear=cpu_linear, linear_plan=plan)
 
 
 def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: tuple[int, ...] | None,
-                 kv_window: int | None) -> tuple[str, bool | str | None, tuple[int, ...] | None]:
+                 kv_window: int | None, pool: Any) -> tuple[str, bool | str | None, tuple[int, ...] | None]:
     if kv_window is not None or not _has_params(target, AUTO_MIN_PARAMS):
         return "hf", compile, buckets  # compile=True here is refused as needing the static engine
     device = next(target.parameters()).device.type
-    built = _compiled_buckets(target)
+    built = _check_pool(pool).compiled_buckets(target) if pool is not None else None
     if compile is None:  # (the compiler is asked last: its first check runs the C++ compiler, ~0.5 s
         #                    a CPU run without compiled graphs never needs; ~6 s more where torch._dynamo
         #                    is not imported yet)
@@ -77,11 +80,6 @@ def _has_params(model: torch.nn.Module, count: int) -> bool:
             return True
         total += p.numel()
     return total >= count
-
-
-def _compiled_buckets(model: torch.nn.Module) -> tuple[int, ...] | None:
-    """The buckets of compiled static graphs this process already built for ``model`` (None: none)."""
-    return next((kv.buckets for kv in _STATIC.get(model, {}).values() if kv._compiled), None)
 
 
 def _can_compile(device: str) -> bool:
@@ -121,27 +119,81 @@ def resolve_cpu_linear(model: torch.nn.Module, cpu_linear: bool | None,
     return True, plan if plan is not None else fixed_plan()
 
 
-#: The static engine's pool: per model, per (role, vocabulary, cache options). The role keeps the
-#: target's cache and a draft's apart when one model is both (the target passed as its own draft):
-#: keyed on the model alone, both would get the same object once their rounded capacities agree,
-#: and the draft's prefill would write into the target's cache.
-_STATIC: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[str, int, CacheOptions], StaticCachedModel]]" = (
-    weakref.WeakKeyDictionary())
-
 ROLES = ("target", "draft")
+
+
+class StaticPool:
+    """The static engine's model+cache objects kept between calls, and with them the graphs
+    compiled against their storage (a second call then runs without compiling again).
+
+    Keyed per model (weakly: a pool never keeps a model alive), role, vocabulary and cache options.
+    The role keeps the target's cache and a draft's apart when one model is both (the target passed
+    as its own draft): keyed on the model alone, both would get the same object once their rounded
+    capacities agree, and the draft's prefill would write into the target's cache.
+
+    Pass one as ``EngineOptions(pool=...)`` to decide what carries over between calls:
+    :func:`dynatree.precompile` fills it, ``"auto"`` then takes the static engine for the models it
+    holds graphs for, :meth:`clear` drops everything. Options without a pool use
+    :data:`DEFAULT_POOL`, which ``"auto"`` never consults.
+    """
+
+    def __init__(self) -> None:
+        self._models: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[str, int, CacheOptions], StaticCachedModel]]" = (
+            weakref.WeakKeyDictionary())
+
+    def get(self, model: torch.nn.Module, role: str, vocab: int, cache: CacheOptions, capacity: int) -> StaticCachedModel:
+        """The object for (``model``, ``role``, ``vocab``, ``cache``) with room for ``capacity``
+        rows, built (and compiled, if ``cache.compile``) when the pool has none that large."""
+        entries = self._models.setdefault(model, {})
+        kv = entries.get((role, vocab, cache))
+        if kv is None or kv.capacity - kv.buckets[-1] < capacity:
+            if cache.compile:
+                notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per pool (can take "
+                       "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
+            kv = StaticCachedModel(model, vocab, capacity, compile=cache.compile, compile_mode=cache.compile_mode,
+                                   buckets=cache.buckets, cpu_linear=cache.linear_plan or False)
+            entries[(role, vocab, cache)] = kv
+        kv.reset()
+        return kv
+
+    def entries(self, model: torch.nn.Module) -> dict[tuple[str, int, CacheOptions], StaticCachedModel]:
+        """What the pool holds for ``model``, by (role, vocabulary, cache options)."""
+        return dict(self._models.get(model, {}))
+
+    def compiled_buckets(self, model: torch.nn.Module) -> tuple[int, ...] | None:
+        """The buckets of compiled graphs the pool holds for ``model`` (None: none)."""
+        return next((kv.buckets for kv in self._models.get(model, {}).values() if kv._compiled), None)
+
+    def clear(self) -> None:
+        """Drop every object (and its compiled graphs)."""
+        self._models = weakref.WeakKeyDictionary()
+
+
+#: Where options without a ``pool`` keep their static objects: it spares recompiling across calls
+#: and changes nothing else (``"auto"`` never reads it).
+DEFAULT_POOL = StaticPool()
+
+
+def _check_pool(pool: Any) -> StaticPool:
+    if not isinstance(pool, StaticPool):
+        raise DynaTreeError(f"EngineOptions(pool=...) must be a dynatree.runtime.engines.StaticPool, got "
+                            f"{type(pool).__name__}")
+    return pool
 
 
 def cached_target(target: torch.nn.Module, vocab: int, options: EngineOptions, rows: int) -> CachedModel:
     """The target's model+cache for runs of up to ``rows`` tokens under resolved ``options``, plus
     room for one tree of the largest bucket."""
     cache = options.cache_options(next(target.parameters()).device.type)
-    return cached_model(target, vocab, options.engine, rows + StaticCachedModel.BUCKETS[-1], cache, role="target")
+    return cached_model(target, vocab, options.engine, rows + StaticCachedModel.BUCKETS[-1], cache, role="target",
+                        pool=options.pool)
 
 
 def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, cache: CacheOptions,
-                 role: str = "draft") -> CachedModel:
-    """A fresh model+cache for one generation; static ones are pooled per model and ``role``
-    (``"target"`` or ``"draft"``: one model serving as both gets two caches).
+                 role: str = "draft", pool: StaticPool | None = None) -> CachedModel:
+    """A fresh model+cache for one generation; static ones come from ``pool`` (None:
+    :data:`DEFAULT_POOL`) per model and ``role`` (``"target"`` or ``"draft"``: one model serving
+    as both gets two caches).
 
     Compiled graphs are tied to the static cache's storage, so reusing the same object across
     calls (reset to length 0) is what makes the second call run without recompiling.
@@ -152,17 +204,7 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
         return CachedModel(model, vocab, cpu_linear=cache.linear_plan or False)
     # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
     capacity = max(256, 1 << (capacity - 1).bit_length())
-    pool = _STATIC.setdefault(model, {})
-    kv = pool.get((role, vocab, cache))
-    if kv is None or kv.capacity - kv.buckets[-1] < capacity:
-        if cache.compile:
-            notice(f"dynatree: compiling {type(model).__name__} for the static engine, once per process (can take "
-                   "minutes on a CPU; inductor's on-disk cache saves part of it next time)...")
-        kv = StaticCachedModel(model, vocab, capacity, compile=cache.compile, compile_mode=cache.compile_mode,
-                               buckets=cache.buckets, cpu_linear=cache.linear_plan or False)
-        pool[(role, vocab, cache)] = kv
-    kv.reset()
-    return kv
+    return (DEFAULT_POOL if pool is None else _check_pool(pool)).get(model, role, vocab, cache, capacity)
 
 
 @contextlib.contextmanager
