@@ -13,19 +13,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The measured tree budget (dynatree.core.costmodel, opt-in) would time the tiny test models on the real
 # clock and write profiles to the user's cache dir: off for the suite whatever the environment
-# says; tests/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
+# says; tests/core/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
 os.environ["DYNATREE_COST_MODEL"] = "off"
 
 # The back-off to plain decoding (dynatree.loop.backoff) decides from the clock: off for the suite,
-# so that no test's rounds depend on timing; tests/test_backoff.py passes its own controllers.
+# so that no test's rounds depend on timing; tests/loop/test_backoff.py passes its own controllers.
 os.environ["DYNATREE_BACKOFF"] = "off"
 
 # The few-row linear kernels are chosen by timing them on this CPU at first use
 # (dynatree.runtime.kernels.linear_plan): which path a test covers must not depend on the machine
 # or its load, so the suite pins the layout tuned on the EPYC (row-major for 1-3 rows, packed
 # weights from 4), the one that leaves F.linear the most: every exactness test covers it, the
-# subprocesses the suite starts included. tests/test_linear_plan.py drives the measured choice with
-# fake timings and runs a plan that mixes all three kernels end to end.
+# subprocesses the suite starts included. tests/runtime/kernels/test_linear_plan.py drives the
+# measured choice with fake timings and runs a plan that mixes all three kernels end to end.
 os.environ["DYNATREE_LINEAR_PLAN"] = "fixed"
 
 import pytest  # noqa: E402

@@ -8,7 +8,7 @@ records: whether every node's logits are equal bit for bit, the largest absolute
 difference relative to the largest |logit|, whether every node's argmax agrees, and the smallest
 top-2 margin of the one-token logits (a difference that large could flip an argmax).
 
-Models: the tiny random models of the test suite (``tests/tiny.py``; what ``tests/test_bitwise.py``
+Models: the tiny random models of the test suite (``tests/tiny.py``; what ``tests/exactness/test_bitwise.py``
 asserts) and the embedded target SmolLM2-135M-Instruct, with 1 and 2 torch threads. Trees are
 random tokens in fixed shapes (the question is about summation order, not about what a draft
 proposes): "small" (4 rows, the lazy head's one-call size), "mid" (12 rows, siblings at every

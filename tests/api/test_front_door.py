@@ -29,7 +29,7 @@ from cli_helpers import error_lines
 from tiny import ARCHS, WINDOW_ARCHS, tiny_model
 from tiny_tok import VOCAB
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IDS = torch.tensor([[5, 6, 7, 8]])
 
 

@@ -536,7 +536,7 @@ def test_code_version_names_the_commit_in_a_checkout() -> None:
     from dynatree.bench.sysinfo import code_version
 
     version = code_version()
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     if (repo / ".git").exists():
         assert re.fullmatch(r"(\d+\.\d+\.\d+|0\+unknown)\+g[0-9a-f]{12}(\.dirty)?", version), version
     else:

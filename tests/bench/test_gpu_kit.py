@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "gpu_bench.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "gpu_bench.py"
 
 
 @pytest.fixture(scope="module")

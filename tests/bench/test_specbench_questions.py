@@ -4,7 +4,7 @@ before any model loads, the offline fallback of the download, and one ``dynatree
 tiny models over a small question file written here (one- and two-turn questions).
 
 No timing is asserted anywhere: the tables' arithmetic is checked on fake rows in
-tests/test_specbench.py; here only which rows exist and which prompts they measured.
+tests/bench/test_specbench.py; here only which rows exist and which prompts they measured.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def test_merge_shares_agreeing_nodes_and_skips_sampled_parents() -> None:
 def test_a_broken_index_commit_drafts_worse(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: the acceptance the text source earns comes from indexing what was committed. (The
     whole proposals: cut to what pays for their rows, the text of a tiny random model drafts next to
-    nothing, tests/test_text_trim.py.)"""
+    nothing, tests/drafts/test_text_trim.py.)"""
     target = tiny_model("llama", seed=1)
     ids = repetitive_prompt(target.config.vocab_size, seed=2)
     whole = TextDraft(trim=False)

@@ -40,7 +40,7 @@ from dynatree.drafts.suffix import TextDraft
 
 # text: draft=None (TextDraft()); hybrid: TextDraft(model=draft), where the model sits out the rounds the text is
 # confident about; hybrid-merge: the model drafts every round and the text is merged into its tree.
-# The model source alone: tests/test_exactness.py.
+# The model source alone: tests/exactness/test_exactness.py.
 SOURCES = ("text", "hybrid", "hybrid-merge")
 STRATEGY_NAMES = sorted(STRATEGIES)
 # Seed of each architecture's repeating prompt: one whose 60-token run has, with every source, an

@@ -2,10 +2,10 @@
 and of ``TextDraft(model=draft)`` (the text merged into the model's tree, or drafting alone while
 DySpec samples the other rounds) follow the target's distribution.
 
-Same statistic as tests/test_sampling.py (Pearson chi-square of the first POSITIONS tokens over
-RUNS seeded runs against the target's exact marginals, enumerated; ALPHA = 1e-4 per check). The
-runs are seeded, so the outcome is fixed. The prompt is a sample of the target itself (seed 4 of
-``generate(target, None, [2], "autoregressive", max_new_tokens=20, sampling=SamplingConfig(temperature=0.6))``),
+Same statistic as tests/exactness/test_sampling.py (Pearson chi-square of the first POSITIONS
+tokens over RUNS seeded runs against the target's exact marginals, enumerated; ALPHA = 1e-4 per
+check). The runs are seeded, so the outcome is fixed. The prompt is a sample of the target
+itself (seed 4 of ``generate(target, None, [2], "autoregressive", max_new_tokens=20, sampling=SamplingConfig(temperature=0.6))``),
 so the text's proposals, which continue its repeats, are often what the target draws: many are
 accepted, many rejected, and the root's text children have count ratios below 1 (two continuations).
 

@@ -23,7 +23,7 @@ from dynatree import STRATEGIES, DynaTreeError
 from tiny import SMALL_TREES, perturbed, tiny_model
 from tiny_tok import VOCAB, tiny_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OPTIONS = SMALL_TREES
 
 

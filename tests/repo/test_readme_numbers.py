@@ -10,7 +10,7 @@ under the table and ``dynatree report`` prints (``specbench_tables``, Spec-Bench
 tokens per second of a method over that of the reference rows of the same run; overall, the mean
 of the task speedups). Each printed figure must equal the recomputed one rounded as printed, and
 the bold cells of a row must be its largest figures. The aggregation itself is checked against
-sums computed by hand in tests/test_specbench.py.
+sums computed by hand in tests/bench/test_specbench.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dynatree.bench.instruct import CATEGORIES
 from dynatree.bench.specbench import specbench_tables
 from dynatree.bench.specbench_questions import TASKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 RESULTS = ROOT / "docs" / "results.md"  # the docs page that holds the instruct table
 FIGURE = re.compile(r"\*\*(\d+\.\d+)x\*\*|(\d+\.\d+)x")

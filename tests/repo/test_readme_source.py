@@ -14,7 +14,7 @@ from tiny import tiny_model
 from dynatree import StoppingConfig, generate
 from dynatree.drafts import registry
 
-README = Path(__file__).resolve().parents[1] / "docs" / "draft-sources.md"  # the page that prints the block
+README = Path(__file__).resolve().parents[2] / "docs" / "draft-sources.md"  # the page that prints the block
 NEVER = StoppingConfig(eos_token_id=())
 
 

@@ -29,8 +29,11 @@ from tp_worker import FUSED_STRATEGIES, NEW, OPTIONS, PROMPT, SAMPLED_OPTIONS, S
 import dynatree
 from dynatree import EngineOptions, SamplingConfig, StoppingConfig
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 SRC = TESTS.parent / "src"
+# tp_worker.py (tests/) imports test_feature_draft (tests/drafts/), which imports test_distill
+# (tests/training/)
+WORKER_PATH = [SRC, TESTS, TESTS / "drafts", TESTS / "training"]
 NO_EOS = StoppingConfig(eos_token_id=())
 
 
@@ -45,7 +48,7 @@ def tp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     model_dir, out = root / "model", root / "out"
     out.mkdir()
     _target().save_pretrained(model_dir)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(SRC), str(TESTS)]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(map(str, WORKER_PATH)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(TESTS / "tp_worker.py"), str(model_dir), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -413,7 +413,7 @@ class StaticCachedModel(CachedModel):
     # tensors, same shapes), so later calls run only the guards that tell the existing graphs
     # apart (torch.compiler.set_stance(skip_guard_eval_unsafe=True), made for this warm-up-then-
     # serve pattern). The first call of a bucket keeps the full guards so it compiles normally.
-    # Off by default: the GPU kit's smoke run (tests/test_gpu_kit.py) hit "Recompilation triggered
+    # Off by default: the GPU kit's smoke run (tests/bench/test_gpu_kit.py) hit "Recompilation triggered
     # with skip_guard_eval_unsafe stance" with it on, i.e. a warm bucket still needed a new graph;
     # a skipped guard that was needed could pick the wrong graph silently, and the measured gain
     # (~10% on a tiny compiled model) does not pay for that risk until the cause is understood.

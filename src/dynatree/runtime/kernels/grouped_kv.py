@@ -16,7 +16,7 @@ off by default because CUDA's fused kernels take no mask with ``enable_gqa``. :f
 sets it only around our own calls of several rows on CPU. It is not set for one-row calls: those
 keep HF's packed path, which is the one autoregressive decoding takes. Both paths compute the
 same attention. They differ at most in float summation order: ``enable_gqa`` gave bitwise the same
-output as the copy in ``tests/test_grouped_kv.py``. Greedy exactness is tested end to end.
+output as the copy in ``tests/runtime/kernels/test_grouped_kv.py``. Greedy exactness is tested end to end.
 """
 
 from __future__ import annotations
