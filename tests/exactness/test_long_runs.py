@@ -15,8 +15,6 @@ import torch
 
 import dynatree
 import dynatree.loop.generate as engine_module
-from dynatree.policies.base import RoundFeedback
-from dynatree.policies.linear import Linear, LinearConfig
 from dynatree.runtime.cache import CachedModel
 from dynatree import STRATEGIES
 from tiny import hf_greedy, perturbed, tiny_model
@@ -70,19 +68,9 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class _RssLinear(Linear):
-    """Linear drafting that samples the process RSS after every round (the policy sees each round end)."""
-
-    def __init__(self) -> None:
-        super().__init__(LinearConfig(k=3))
-        self.rss: list[int] = []
-
-    def observe(self, feedback: RoundFeedback) -> None:
-        self.rss.append(_rss_bytes())
-
-
 def _creep(monkeypatch: pytest.MonkeyPatch | None = None) -> float:
-    """MB of RSS growth between the second and the last quarter of a 3,000-token run.
+    """MB of RSS growth between the second and the last quarter of a 3,000-token run (sampled at the
+    end of every round, by ``on_round``).
 
     A 4,096-token vocabulary makes each round's logits ~50 KB, so keeping one per round by mistake
     grows the process by tens of MB over the run; the KV cache itself grows by < 1 MB.
@@ -90,11 +78,12 @@ def _creep(monkeypatch: pytest.MonkeyPatch | None = None) -> float:
     target = tiny_model("llama", 0, vocab=4096, layers=1, max_positions=4096)
     draft = perturbed(target)
     ids = torch.randint(2, 4000, (1, 8), generator=torch.Generator().manual_seed(3))
-    policy = _RssLinear()
+    rss: list[int] = []
     gc.collect()
-    dynatree.generate(target, draft, ids, policy, max_new_tokens=3000, stopping=NO_EOS)
-    q = len(policy.rss) // 4
-    return (max(policy.rss[-q:]) - max(policy.rss[q : 2 * q])) / 2**20
+    dynatree.generate(target, draft, ids, "linear", k=3, max_new_tokens=3000, stopping=NO_EOS,
+                      on_round=lambda event: rss.append(_rss_bytes()))
+    q = len(rss) // 4
+    return (max(rss[-q:]) - max(rss[q : 2 * q])) / 2**20
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux /proc")

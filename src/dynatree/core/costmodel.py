@@ -157,7 +157,8 @@ def cache_dir() -> Path:
 
 def enabled() -> bool:
     """Opt-in (``DYNATREE_COST_MODEL=on``) until the measured budget beats the fixed one: on the
-    benchmark CPU it did not yet (1.43x vs 1.69x over autoregressive, benchmarks/history/cpu-log.md)."""
+    2-core AMD EPYC VM it did not yet (1.43x vs 1.69x over autoregressive), nor on Spec-Bench on a
+    2-core Intel Sapphire Rapids (1.47x vs 1.49x over HF greedy)."""
     return os.environ.get(ENV_SWITCH, "off").strip().lower() in ("on", "1", "true", "yes")
 
 

@@ -11,8 +11,8 @@ Per round (DynaTree paper, Alg. 1, expanded breadth-first, one draft call per le
 * history (DynaTree paper §3.4): a_r = accepted / drafted nodes of round r, averaged over the last W rounds
   (ā); then D_0 <- clip(D_0 + eta_D (ā - a*), 1, D_max - 1) and tau_h <- clip(tau_h - eta_h (ā - a*)).
 
-Decisions the paper leaves open (ours): tau = 0.1 and rho_deep = 0.5 come from the sweep in
-benchmarks/cpu (offline pair), which ran at a 4-node budget; the CPU budget is now 3
+Decisions the paper leaves open (ours): tau = 0.1 and rho_deep = 0.5 come from a sweep on the
+offline pair (2-core AMD EPYC VM), which ran at a 4-node budget; the CPU budget is now 3
 (:data:`DEFAULT_MAX_NODES`, why below); a* = 0.25 from the history sweep there
 (W in 4/8/16 x a* in 0.25/0.35/0.5; B_mid, rho_stop and eta_D swept too and left at 2, 0.05, 2:
 at a 4-node budget they move L by < 0.03). D_0 is kept as a real number and rounded when gating;

@@ -37,11 +37,11 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when the options'
     explicit ``pool`` already holds compiled graphs for the model (``precompile`` into it, or an
     earlier call that compiled with it) or ``compile=True`` asks for it. The process's default
-    pool is never consulted: what it holds only spares recompiling. Otherwise the eager hf engine: uncompiled, the
-    static engine was no faster (same-process A/B, ``benchmarks/cpu/engine_ab.jsonl``), and on the
-    benchmark CPU compiling one graph of the pair took minutes even with inductor's on-disk cache
-    warm while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
-    tokens would only lose (``benchmarks/history/cpu-log.md``, session 5). Explicit engines are kept;
+    pool is never consulted: what it holds only spares recompiling. Otherwise the eager hf engine:
+    uncompiled, the static engine was no faster (a same-process A/B on a 2-core AMD EPYC VM), and
+    there compiling one graph of the pair took minutes even with inductor's on-disk cache warm
+    while it saves tens of ms per token, so a one-shot ``dynatree generate`` of a few hundred
+    tokens would only lose. Explicit engines are kept;
     their ``compile=None`` means off. ``cpu_linear=None`` is measured on this CPU for this model
     (:func:`resolve_cpu_linear`).
     """
@@ -214,7 +214,7 @@ def eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
     A model already wholly in eval mode (the usual case: ``from_pretrained`` returns one) is left
     alone: ``eval()`` and ``train(False)`` would only rewrite every module's flag with the value it
     has, and those two recursive walks cost ~4 ms per call on SmolLM2-135M and 0.3 ms on the tiny
-    test models (``benchmarks/cpu/per_call.py``). The check walks the modules too, but only reads.
+    test models (2-core Intel Sapphire Rapids, 1 thread). The check walks the modules too, but only reads.
     """
     was = [m.training for m in models]
     untouched = [_wholly_eval(m) for m in models]
