@@ -158,4 +158,5 @@ def test_no_tree_is_deeper_than_the_tokens_left(pair, strategy: str) -> None:
     one = dynatree.generate(target, draft, ids, strategy, max_new_tokens=1, **options[strategy])
     assert [(r.drafted, r.draft_calls) for r in one.stats.rounds] == [(0, 0)]  # one plain step
     two = dynatree.generate(target, draft, ids, strategy, max_new_tokens=2, **options[strategy])
-    assert two.stats.rounds[0].draft_calls == 1  # the root's children only: no level past depth 1
+    # the root's children only, from the draft's prefill: no draft call, no level past depth 1
+    assert two.stats.rounds[0].draft_calls == 0 and two.stats.rounds[0].depth == 1

@@ -57,6 +57,7 @@ class ModelProposer(Proposer):
         self.policy = policy  # the tree's shape (None: this drafter is driven by hand, level by level)
         self.sampler = sampler  # the run's draft sampler, for policies that sample children
         self.pending: list[int] = []
+        self._root_logits: torch.Tensor | None = None  # the prefill's prediction for the first root's children
         self._builder: TreeBuilder | None = None
         self._calls0 = 0
         self._base = 0  # cache rows belonging to committed tokens (incl. pending) this round
@@ -69,10 +70,11 @@ class ModelProposer(Proposer):
 
     # ----------------------------------------------------------------------------------- setup
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
-        """Cache all prompt tokens but the last; the last becomes the first round's root."""
-        prompt = list(prompt)
-        self.kv.prefill(prompt[:-1])
-        self.pending = [prompt[-1]]
+        """Cache every prompt token, the first round's root (the last) included: the prefill's own
+        last row is the draft's prediction for the root's children, so the first round starts
+        without a draft call of its own."""
+        self._root_logits = self.kv.prefill(list(prompt), logits=True)
+        self.pending = []
 
     # ---------------------------------------------------------------------------- per round
     def propose(self, builder: TreeBuilder) -> None:
@@ -95,11 +97,15 @@ class ModelProposer(Proposer):
         return self.policy.state() if self.policy is not None else {}
 
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
-        """Run the pending committed tokens; returns the draft logits for the root's children ``[V]``."""
+        """Run the pending committed tokens; returns the draft logits for the root's children ``[V]``
+        (after the prefill nothing is pending: the prefill's logits)."""
         self._builder = builder
         self._slot = {}
         self._calls0 = self.kv.calls
         start = self.kv.length
+        if not self.pending and self._root_logits is not None:
+            self._base, logits, self._root_logits = start, self._root_logits, None
+            return logits
         p = len(self.pending)
         causal = torch.ones(p, p, dtype=torch.bool).tril()
         logits = self.kv.forward(self.pending, torch.arange(start, start + p), causal, start, last_only=True)

@@ -147,9 +147,12 @@ class CachedModel:
     def length(self) -> int:
         return cache_length(self.cache)
 
-    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = ()) -> torch.Tensor | None:
-        """Cache ``tokens`` with plain causal attention (no logits are needed). With ``hidden``,
-        return their features (:meth:`forward_features`: what a feature-conditioned draft reads)."""
+    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = (),
+                logits: bool = False) -> torch.Tensor | None:
+        """Cache ``tokens`` with plain causal attention. With ``hidden``, return their features
+        (:meth:`forward_features`: what a feature-conditioned draft reads); with ``logits``, the
+        last token's logits ``[V]`` (computed by the call anyway: a draft's first round then needs
+        no call of its own for the root)."""
         q = len(tokens)
         if not q:
             width = self.model.config.hidden_size * max(1, len(layers))
@@ -157,8 +160,8 @@ class CachedModel:
         args = (tokens, torch.arange(self.length, self.length + q), torch.ones(q, q, dtype=torch.bool).tril(), self.length)
         if hidden:
             return self.forward_features(*args, layers=layers)[1]
-        self.forward(*args, last_only=True)
-        return None
+        last = self.forward(*args, last_only=True)
+        return last[-1] if logits else None
 
     def forward(
         self,
@@ -315,7 +318,8 @@ class StaticCachedModel(CachedModel):
 
     PREFILL_CHUNK = PREFILL_CHUNK  # (dynatree.tuning)
 
-    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = ()) -> torch.Tensor | None:
+    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = (),
+                logits: bool = False) -> torch.Tensor | None:
         """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens. Chunks larger than the
         largest bucket run the *uncompiled* step unpadded (one trace per prompt length would be
         worse): with small buckets (e.g. 1, 2, 4 on a CPU) a prompt would otherwise take dozens of
@@ -325,11 +329,11 @@ class StaticCachedModel(CachedModel):
         self._prefilling = True  # chunks above the largest bucket may run eager and unpadded
         try:
             for i in range(0, len(tokens), step):
-                parts.append(super().prefill(list(tokens[i : i + step]), hidden, layers))
+                parts.append(super().prefill(list(tokens[i : i + step]), hidden, layers, logits and i + step >= len(tokens)))
         finally:
             self._prefilling = False
         if not hidden:
-            return None
+            return parts[-1] if logits and parts else None
         return torch.cat(parts) if parts else super().prefill([], hidden, layers)
 
     def precompile(self) -> None:

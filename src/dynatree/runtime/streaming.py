@@ -178,9 +178,11 @@ class StreamingKV:
     def call(self, *args: Any, **kwargs: Any) -> Any:
         raise DynaTreeError("KV eviction supports forward/forward_hidden only (feature drafts are refused with kv_window)")
 
-    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = ()) -> None:
-        """Causal prefill in chunks, evicting between them (a prompt may be longer than the window).
-        ``hidden`` (features for a feature draft) is refused: the engine refuses that pairing first."""
+    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = (),
+                logits: bool = False) -> torch.Tensor | None:
+        """Causal prefill in chunks, evicting between them (a prompt may be longer than the window);
+        with ``logits``, the last token's ``[V]``. ``hidden`` (features for a feature draft) is
+        refused: the engine refuses that pairing first."""
         if hidden:
             raise DynaTreeError("KV eviction does not return hidden states (feature drafts are refused with kv_window)")
         tokens = list(tokens)
@@ -192,9 +194,10 @@ class StreamingKV:
             if not chunk:
                 continue
             n, start = len(chunk), self.length
-            self.forward(chunk, torch.arange(start, start + n), torch.ones(n, n, dtype=torch.bool).tril(), start,
-                         last_only=True)
+            last = self.forward(chunk, torch.arange(start, start + n), torch.ones(n, n, dtype=torch.bool).tril(), start,
+                                last_only=True)
             self._evict()
+        return last[-1] if logits and tokens else None
 
     def forward(self, tokens, positions, visible, since, last_only: bool = False) -> torch.Tensor:
         return self._call(self.kv.forward, tokens, positions, visible, since, last_only=last_only)
