@@ -102,11 +102,11 @@ def test_a_draft_that_forgets_the_paused_tokens_drafts_worse(monkeypatch: pytest
     good = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
     commit = ModelProposer.commit
 
-    def forgetful(self, tree, accepted, bonus):  # a skipped round's tokens are lost
+    def forgetful(self, tree, accepted, bonus, features=None):  # a skipped round's tokens are lost
         if self._builder is None:
             self.pending = [int(bonus)]
             return
-        commit(self, tree, accepted, bonus)
+        commit(self, tree, accepted, bonus, features)
 
     monkeypatch.setattr(ModelProposer, "commit", forgetful)
     bad = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dynatree.core.proposer import Outcome, RunContext
+from dynatree.core.proposer import RunContext
 from dynatree.core.kv import KVModel
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.drafts.feature_head import uses_target_features
@@ -113,12 +113,7 @@ class FeatureProposer(ModelProposer):
             self._pred[node] = hidden[r]
         return logits
 
-    def observe(self, outcome: Outcome) -> None:
-        self.commit(outcome.tree, outcome.accepted, outcome.bonus, outcome.features)
-        self.teach(outcome)
-
-    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int,  # type: ignore[override]
-               features: torch.Tensor | None = None) -> None:
+    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
         """``features``: the target's features of the root and the accepted nodes (path order),
         i.e. of the parents of the accepted nodes and of the bonus token."""
         assert features is not None and len(features) == len(accepted) + 1

@@ -83,12 +83,9 @@ class ModelProposer(Proposer):
         self.policy.build(builder, self, self.begin_round(builder))
 
     def observe(self, outcome: Outcome) -> None:
-        """Bring the cache in line (:meth:`commit`); the policy learns from a round it drafted."""
-        self.commit(outcome.tree, outcome.accepted, outcome.bonus)
-        self.teach(outcome)
-
-    def teach(self, outcome: Outcome) -> None:
-        """Hand the policy the round's feedback (history adaptation), if the round was drafted."""
+        """Bring the cache in line (:meth:`commit`); the policy learns from a round it drafted
+        (history adaptation)."""
+        self.commit(outcome.tree, outcome.accepted, outcome.bonus, outcome.features)
         if outcome.drafted and self.policy is not None:
             self.policy.observe(RoundFeedback(drafted=outcome.tree.num_drafted, accepted=len(outcome.accepted),
                                               overhead_ms=outcome.overhead_ms))
@@ -143,7 +140,7 @@ class ModelProposer(Proposer):
         positions = torch.tensor([b.depth[n] for n in nodes]) + (self._base - 1)
         return [b.tokens[n] for n in nodes], positions, visible
 
-    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int) -> None:
+    def commit(self, tree: TokenTree, accepted: Sequence[int], bonus: int, features: torch.Tensor | None = None) -> None:
         """Keep the rows of accepted drafted nodes (path order); queue the rest for the next round.
 
         A round in which the draft was never called (another source decided the tree) queues

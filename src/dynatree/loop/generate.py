@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 
 from collections.abc import Callable, Sequence
@@ -217,16 +218,13 @@ def _cost_profile(target_kv: KVModel, target: torch.nn.Module, options: EngineOp
     wanted = proposer_cls.wants_cost_model(draft) or (bool(proposer_cls.models(draft)) and policy.wants_cost_model())
     if streaming is not None or not wanted:
         return lambda: None
-    measured: list[Any] = []
 
+    @functools.cache
     def profile() -> Any:
-        if not measured:
-            from dynatree.core.costmodel import profile_for
+        from dynatree.core.costmodel import profile_for
 
-            measured.append(profile_for(target_kv, target, options.engine, options.compile, lazy_head,
-                                        options.buckets, options.linear_plan.bands if options.linear_plan else False,
-                                        log=notice))
-        return measured[0]
+        return profile_for(target_kv, target, options.engine, options.compile, lazy_head, options.buckets,
+                           options.linear_plan.bands if options.linear_plan else False, log=notice)
 
     return profile
 
