@@ -163,7 +163,9 @@ class StoppingConfig:
     uses the target's ``generation_config.eos_token_id``, as HF ``generate`` does; ``()`` never
     stops early. ``stop_strings``: stop once the generated text contains one of these (the token
     completing it is kept, as with HF ``generate(stop_strings=..., tokenizer=...)``); needs
-    ``generate(tokenizer=...)`` to decode.
+    ``generate(tokenizer=...)`` to decode. ``pad_token_id``: what a batch's sequences are padded
+    with (its prompts' left padding, and the tail of a row that stopped before the longest); None:
+    the target's ``generation_config.pad_token_id``, else its first EOS token, else 0 (HF's rule).
 
     Sequences are stored as tuples, so two equal configs compare (and hash) equal however they were
     spelled.
@@ -171,8 +173,11 @@ class StoppingConfig:
 
     eos_token_id: int | tuple[int, ...] | None = None
     stop_strings: tuple[str, ...] = ()
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        if self.pad_token_id is not None and (not _is_int(self.pad_token_id) or self.pad_token_id < 0):
+            raise DynaTreeError(f"pad_token_id must be None or a token id >= 0, got {self.pad_token_id!r}")
         eos = self.eos_token_id
         if eos is not None and not _is_int(eos):
             ids = _as_tuple(eos)

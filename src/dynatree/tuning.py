@@ -21,6 +21,11 @@ from __future__ import annotations
 #: (the 2-core EPYC, the instruct sets).
 DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}
 
+#: A batch's trees share this many verify rows per round (each running row gets
+#: ``max(2, BATCH_TREE_ROWS // rows)``, root included): a wide batch already fills the target's
+#: forward, so its rows speculate less. Provisional (not swept yet).
+BATCH_TREE_ROWS = 64
+
 # --------------------------------------------------------------------------- engines
 #: ``engine="auto"`` keeps models smaller than this on the eager hf engine: the static engine's
 #: fixed shapes and compiled graphs save a roughly fixed overhead per layer call that only a real

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -117,9 +118,87 @@ class GenerationStats:
 
 
 @dataclass
+class BatchRound:
+    """One round of a batch: the rows still running, the rows the verify forward took (the widest
+    tree times the rows: trees are padded to one width), and where the time went. ``t_realign`` is
+    the commit's KV move (each row's accepted rows to its own columns): the cost of ragged rows."""
+
+    active: int
+    verified_rows: int
+    committed: int
+    t_draft: float
+    t_verify: float
+    t_realign: float
+
+
+@dataclass
+class BatchStats:
+    """A batch's statistics: one :class:`GenerationStats` per row (``stats[b]``; its ``t_total``
+    runs until that row finished, its ``t_verify`` counts the batch's shared forwards), and the
+    batch's own rounds and times. ``tokens_per_second`` is the batch's total: every row's new
+    tokens over the batch's time."""
+
+    rows: list[GenerationStats]
+    t_prefill: float = 0.0
+    t_total: float = 0.0
+    rounds: list[BatchRound] = field(default_factory=list)
+
+    def __getitem__(self, row: int) -> GenerationStats:
+        return self.rows[row]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[GenerationStats]:
+        return iter(self.rows)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.rows)
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.t_total if self.t_total > 0 else 0.0
+
+    @property
+    def mean_committed(self) -> float:
+        """Tokens a row commits per round it takes part in, over every row."""
+        return self.new_tokens / max(sum(r.num_rounds for r in self.rows), 1)
+
+    @property
+    def t_realign(self) -> float:
+        return sum(r.t_realign for r in self.rounds)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "batch_size": len(self.rows),
+            "new_tokens": self.new_tokens,
+            "rounds": self.num_rounds,
+            "mean_committed": self.mean_committed,
+            "tokens_per_second": self.tokens_per_second,
+            "t_total": self.t_total,
+            "t_prefill": self.t_prefill,
+            "t_draft": sum(r.t_draft for r in self.rounds),
+            "t_verify": sum(r.t_verify for r in self.rounds),
+            "t_realign": self.t_realign,
+            "mean_verified_rows": sum(r.verified_rows for r in self.rounds) / max(self.num_rounds, 1),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "per_round": [dataclasses.asdict(r) for r in self.rounds],
+                "per_row": [r.to_dict() for r in self.rows]}
+
+
+@dataclass
 class GenerationResult:
     """Like HF ``generate``'s output: ``sequences`` is ``[1, prompt + new]``, on the device of the
-    ``input_ids`` tensor given (the CPU for a list); plus ``stats``."""
+    ``input_ids`` tensor given (the CPU for a list); plus ``stats``. For a batch, ``sequences`` is
+    ``[B, longest prompt + most new]`` as HF returns it (prompts left-padded, answers right-padded
+    with the pad token) and ``stats`` a :class:`BatchStats` (``stats[b]``: row ``b``'s)."""
 
     sequences: torch.Tensor
-    stats: GenerationStats
+    stats: GenerationStats | BatchStats

@@ -202,6 +202,15 @@ def committed_tokens(tree: TokenTree, accepted: list[int], bonus: int) -> list[i
     return [int(t) for t in tree.tokens[list(accepted)].tolist()] + [int(bonus)]
 
 
+def truncate_round(new: list[int], room: int, stop: set[int]) -> list[int]:
+    """A round's tokens cut at the first stop token (kept, as HF does) and at the ``room`` left."""
+    new = new[:room]
+    for i, tok in enumerate(new):
+        if tok in stop:
+            return new[: i + 1]
+    return new
+
+
 def leaf_paths(tree: TokenTree) -> Iterator[list[int]]:
     """Every root-to-leaf path of ``tree`` (node indices, root first), depth first."""
     kids = children_lists(tree.parent)

@@ -32,14 +32,16 @@ from dynatree.drafts.registry import open_proposer, proposer_for
 from dynatree.drafts.suffix import TextDraft
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
-from dynatree.runtime.inputs import check_causal_lm, prompt_ids
+from dynatree.loop import batch
+from dynatree.runtime.batch_cache import BatchedKV
+from dynatree.runtime.inputs import check_causal_lm, prompt_rows
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.policies import DraftPolicy, make_policy
 from dynatree.core.sampling import DraftSampler, SamplingConfig, make_generator
 from dynatree.core.stats import GenerationResult, GenerationStats, RoundEvent, RoundStats
 from dynatree.runtime.streaming import StreamingConfig, StreamingKV, find_rope
-from dynatree.core.tree import TreeBuilder, committed_tokens
+from dynatree.core.tree import TreeBuilder, committed_tokens, truncate_round
 from dynatree.core.verify import greedy_accept, sample_accept, tree_forward
 
 
@@ -50,10 +52,11 @@ def generate(
     strategy: str | DraftPolicy = "dynatree",
     *deprecated_positional: Any,
     max_new_tokens: int = 128,
+    attention_mask: torch.Tensor | Sequence[Sequence[int]] | None = None,
     sampling: SamplingConfig | None = None,
     options: EngineOptions | None = None,
     stopping: StoppingConfig | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     tokenizer: Any = None,
     truncate_prompt: bool = False,
@@ -79,7 +82,10 @@ def generate(
             prompt and what has been written: no second model); a
             :class:`~dynatree.drafts.suffix.TextDraft` to tune that, or with ``model=`` to draft
             from both in one tree.
-        input_ids: one prompt, ``[1, L]`` or ``[L]`` (batch size 1 only).
+        input_ids: one prompt, ``[1, L]`` or ``[L]``; or a batch: ``[B, L]`` (left-padded, with
+            ``attention_mask``) or a list of prompts of different lengths. Each row of a batch
+            grows its own tree, all rows are verified in one target forward
+            (:mod:`dynatree.loop.batch`).
         strategy: ``"autoregressive"``, ``"linear"``, ``"fixed"``, ``"dynatree"``, ``"dyspec"``,
             ``"dyspec-threshold"``, one of them with options as the bench and the CLI write them
             (``"linear:k=5"``), or a policy object (a :class:`~dynatree.policies.DraftPolicy`): the
@@ -87,6 +93,7 @@ def generate(
             ``TextDraft`` without ``model=``) the tree is the text's own and the strategy shapes
             nothing (``"autoregressive"`` still turns drafting off).
         max_new_tokens: tokens to generate at most (the last round is truncated exactly).
+        attention_mask: with a ``[B, L]`` batch, 0 where a row is left padding (HF's convention).
         sampling: temperature (0, the default, is greedy), top-k, top-p on the target, and the
             draft temperature DySpec samples children at. None: greedy.
         options: the engine: which cache (``engine``), ``compile``, buckets, tree order, lazy
@@ -95,6 +102,8 @@ def generate(
             (:func:`dynatree.runtime.engines.resolve`).
         stopping: EOS token(s) and stop strings. None: the target's ``generation_config`` EOS.
         seed: seed of a fresh CPU generator for every random draw of the run (reproducible runs).
+            A batch's row ``b`` draws as a single-prompt run with ``seed + b`` would; a list gives
+            each row its own seed.
         generator: a CPU ``torch.Generator`` to draw from instead (advanced by the run). With
             neither, torch's global generator is used, so ``torch.manual_seed`` reproduces a run.
         tokenizer: decodes the output for ``stopping.stop_strings`` and for ``trace``'s token text.
@@ -117,19 +126,29 @@ def generate(
 
     Returns:
         a :class:`~dynatree.core.stats.GenerationResult`: ``sequences`` (prompt + new tokens,
-        ``[1, L + n]``, on ``input_ids``' device) and per-round ``stats``.
+        ``[1, L + n]``, on ``input_ids``' device) and per-round ``stats``; for a batch, ``[B, ...]``
+        laid out as HF's (left-padded prompts, answers right-padded with ``stopping.pad_token_id``)
+        and a :class:`~dynatree.core.stats.BatchStats` (``stats[b]``: row ``b``'s).
     """
     groups = flat_keywords.group(deprecated_positional, strategy_options, max_new_tokens=max_new_tokens,
                                  sampling=sampling, options=options, stopping=stopping)
     max_new_tokens, sampling, options, stopping = (groups.max_new_tokens, groups.sampling, groups.options,
                                                    groups.stopping)
     policy = _policy(strategy, groups.strategy_options)
+    check_causal_lm(target, "target")
+    prompts = prompt_rows(input_ids, attention_mask, target)
+    if len(prompts) > 1:
+        return _generate_batch(target, draft, prompts, policy, max_new_tokens, sampling, options, stopping, seed,
+                               generator, tokenizer, truncate_prompt, allow_vocab_mismatch, backoff, on_round, trace,
+                               input_ids.device if isinstance(input_ids, torch.Tensor) else None)
+    if isinstance(seed, Sequence) and len(seed) == 1:
+        seed = seed[0]
     rng = make_generator(seed, generator)
     # Tensor-parallel target: every rank must draw the same numbers and commit the same tokens.
     sync = distributed.RankSync.for_models(target, draft if policy.uses_draft else None)
     if sync is not None:
         sync.share_generator(rng)
-    prompt = _check_prompt(input_ids, target)
+    prompt = prompts[0]
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     vocab = vocab_size(target)
@@ -342,6 +361,9 @@ def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: 
     return GenerationResult(sequences=sequences, stats=stats)
 
 
+_truncate = truncate_round  # (a module name of its own: the mutant tests replace it)
+
+
 class StopText:
     """Finds the first new token after which the generated text contains a stop string.
 
@@ -366,21 +388,39 @@ class StopText:
         return 0
 
 
-def _truncate(new: list[int], room: int, stop: set[int]) -> list[int]:
-    """Cut a round's tokens at the first stop token (kept, as HF does) and at the token budget."""
-    new = new[:room]
-    for i, tok in enumerate(new):
-        if tok in stop:
-            return new[: i + 1]
-    return new
+def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]], policy: DraftPolicy,
+                    max_new_tokens: int, sampling: SamplingConfig, options: EngineOptions, stopping: StoppingConfig,
+                    seed: Any, generator: torch.Generator | None, tokenizer: Any, truncate_prompt: bool,
+                    allow_vocab_mismatch: bool, backoff: Any, on_round: Any, trace: Any,
+                    device: torch.device | None) -> GenerationResult:
+    """:func:`generate` for several prompts: the same checks per row, then :mod:`dynatree.loop.batch`."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    proposer_cls = proposer_for(draft) if policy.uses_draft else None
+    tensor_parallel = distributed.RankSync.for_models(target, draft if policy.uses_draft else None) is not None
+    batch.refuse(options, proposer_cls, backoff, on_round, trace, tensor_parallel)
+    rngs = batch.row_generators(len(prompts), seed, generator)
+    models, depth = _positioned(policy, target, draft, proposer_cls, max_new_tokens)
+    prompts = [_fit_positions(p, max_new_tokens, depth, models, truncate_prompt) for p in prompts]
+    if stopping.stop_strings and tokenizer is None:
+        raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
+    stop_text = StopText(tokenizer, list(stopping.stop_strings)) if stopping.stop_strings else None
+    options = resolve_options(options, target)
+    vocab = vocab_size(target)
+    with torch.inference_mode(), eval_mode(models):
+        target_kv = BatchedKV(target, vocab)
+        context = RunContext(target, target_kv, vocab, options, max(map(len, prompts)) + max_new_tokens,
+                             allow_vocab_mismatch=allow_vocab_mismatch)
+        proposers = batch.open_row_proposers(draft, proposer_cls, context, policy, sampling, rngs)
+        run = batch.BatchRun(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling,
+                             batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id))
+        result = batch.decode_batch(target_kv, proposers, prompts, rngs, run)
+    if device is not None and result.sequences.device != device:
+        result = dataclasses.replace(result, sequences=result.sequences.to(device))
+    return result
 
 
 # ----------------------------------------------------------------------------- validation
-def _check_prompt(input_ids: torch.Tensor | Sequence[int], target: torch.nn.Module) -> list[int]:
-    """The front door (:mod:`dynatree.runtime.inputs`), before any model call: the target must be a
-    causal LM (the draft is checked by its proposer), and the prompt one row of its token ids."""
-    check_causal_lm(target, "target")
-    return prompt_ids(input_ids, target)
 
 
 def max_positions(model: torch.nn.Module) -> int | None:

@@ -133,4 +133,48 @@ def _as_tensor(input_ids: Any) -> torch.Tensor:
         raise DynaTreeError(f"input_ids must be token ids ([1, L] or [L] integers): {first_line(exc)}") from None
 
 
-__all__ = ["check_causal_lm", "prompt_ids"]
+def prompt_rows(input_ids: Any, attention_mask: Any, target: torch.nn.Module) -> list[list[int]]:
+    """Every prompt of ``input_ids`` as its own list of token ids: one prompt (``[L]``, ``[1, L]``),
+    a batch ``[B, L]`` whose ``attention_mask`` marks left padding with 0 (HF's convention for
+    decoder-only models; no mask: every token is real), or a list of prompts of different lengths.
+    Each row passes :func:`prompt_ids`' checks; a mask that pads on the right, or leaves a row
+    empty, is refused in one line before any model call."""
+    if _ragged(input_ids):
+        if attention_mask is not None:
+            raise DynaTreeError("attention_mask goes with a padded [B, L] input_ids, not with a list of prompts")
+        return [prompt_ids(row, target) for row in input_ids]
+    ids = _as_tensor(input_ids)
+    if attention_mask is None:
+        if ids.dim() == 2 and ids.shape[0] > 1:
+            return [prompt_ids(row, target) for row in ids]
+        return [prompt_ids(input_ids, target)]
+    mask = _as_tensor(attention_mask)
+    if ids.dim() == 1:
+        ids = ids.view(1, -1)
+    mask = mask.view(1, -1) if mask.dim() == 1 else mask
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise DynaTreeError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}: they must match")
+    if mask.dtype.is_floating_point or not bool(((mask == 0) | (mask == 1)).all()):
+        raise DynaTreeError("attention_mask must hold 0 (padding) and 1 (token) only")
+    mask = mask.long().cpu()
+    rows = []
+    for b in range(ids.shape[0]):
+        real = int(mask[b].sum())
+        if real == 0:
+            raise DynaTreeError(f"row {b} of attention_mask is all padding: every prompt needs a token")
+        if not bool(mask[b, ids.shape[1] - real:].all()):
+            raise DynaTreeError(f"row {b} of attention_mask is not left-padded (zeros first, then ones: HF's "
+                                "convention for decoder-only generation; pass padding_side='left' to the tokenizer)")
+        rows.append(prompt_ids(ids[b, ids.shape[1] - real:], target))
+    return rows
+
+
+def _ragged(input_ids: Any) -> bool:
+    """A list of token-id lists whose lengths differ (several prompts, unpadded)."""
+    if isinstance(input_ids, torch.Tensor) or not isinstance(input_ids, Sequence) or isinstance(input_ids, (str, bytes)):
+        return False
+    rows = [row for row in input_ids if isinstance(row, Sequence) and not isinstance(row, (str, bytes))]
+    return len(rows) == len(input_ids) > 1 and len({len(row) for row in rows}) > 1
+
+
+__all__ = ["check_causal_lm", "prompt_ids", "prompt_rows"]

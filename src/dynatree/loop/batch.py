@@ -1,0 +1,237 @@
+"""The decoding loop for a batch of prompts: every row grows its own tree, all rows' trees are
+verified in ONE target forward, each row accepts its own path.
+
+Rounds run as in :mod:`dynatree.loop.generate` (draft -> verify -> accept -> commit -> observe),
+with these differences:
+
+* each row has its own proposer (its own draft cache, text index and policy state, opened with the
+  same context as a single prompt's) and its own random stream, so row ``b`` commits what a
+  single-prompt run of its prompt would with the same seed: its trees, its draws and, up to float
+  summation order in the batched forward, its target logits are that run's;
+* the target's KV caches share one :class:`~dynatree.runtime.batch_cache.BatchedKV` (per-row
+  positions and masks; ragged lengths kept as masked holes);
+* rows that finish (EOS, stop string, length) leave the batch: no drafting, no verify rows;
+* the trees share a verify budget (:data:`dynatree.tuning.BATCH_TREE_ROWS`): the more rows are
+  running, the smaller each row's tree, because a wide batch already fills the target's forward;
+* no back-off to plain steps (its clock would judge the batch, not a row).
+
+The draft model's level calls run per row (each row's proposer calls its own draft cache); they
+are not batched across rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dynatree.core.clock import sync_clock
+from dynatree.core.proposer import Outcome, Proposer, RunContext
+from dynatree.core.sampling import DraftSampler, SamplingConfig
+from dynatree.core.stats import BatchRound, BatchStats, GenerationResult, GenerationStats, RoundStats
+from dynatree.core.tree import TreeBuilder, committed_tokens, truncate_round
+from dynatree.core.verify import greedy_accept, sample_accept
+from dynatree.drafts.registry import open_proposer
+from dynatree.errors import DynaTreeError
+from dynatree.options import EngineOptions
+from dynatree.policies import DraftPolicy
+from dynatree.runtime.batch_cache import BatchedKV
+from dynatree.tuning import BATCH_TREE_ROWS
+
+
+def row_generators(rows: int, seed: int | Sequence[int] | None, generator: torch.Generator | None) -> list[torch.Generator]:
+    """One random stream per row. ``seed=s``: row ``b`` draws as a single-prompt run with
+    ``seed=s + b`` would; ``seed=[s0, s1, ...]``: row ``b`` as one with ``seed=s_b`` (so a row's
+    output does not depend on which rows share its batch); a ``generator`` (or, with neither,
+    torch's global one, so ``torch.manual_seed`` reproduces a batch) seeds the rows' streams."""
+    if isinstance(seed, Sequence) and not isinstance(seed, (str, bytes)):
+        seeds = list(seed)
+        if len(seeds) != rows or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63 for s in seeds):
+            raise DynaTreeError(f"seed must be one integer or one integer in [0, 2**63) per prompt ({rows}), got {seed!r}")
+    elif seed is not None:
+        if generator is not None:
+            raise DynaTreeError("seed must be None when generator= is given (seed the generator instead)")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63 - rows:
+            raise DynaTreeError(f"seed must be None, an integer in [0, 2**63) or one per prompt, got {seed!r}")
+        seeds = [seed + b for b in range(rows)]
+    else:
+        source = generator if generator is not None else torch.default_generator
+        seeds = [int(x) for x in torch.randint(0, 2**62, (rows,), generator=source)]
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+def refuse(options: EngineOptions, draft_kind: type[Proposer] | None, backoff: Any, on_round: Any, trace: Any,
+           tensor_parallel: bool) -> None:
+    """One line for each setting a batch cannot honour, before any model runs."""
+    why = None
+    if options.kv_window is not None:
+        why = "KV eviction (kv_window)"
+    elif options.engine == "static" or options.compile:
+        why = f"the static engine{' compiled' if options.compile else ''} (batches run on the dynamic cache)"
+    elif tensor_parallel:
+        why = "a tensor-parallel target"
+    elif draft_kind is not None and draft_kind.wants_features:
+        why = "a feature-conditioned draft head (batches take a draft model, the text or both)"
+    elif backoff is True or (backoff not in (None, False) and not isinstance(backoff, bool)):
+        why = "the back-off to plain steps"
+    elif on_round is not None or trace is not None:
+        why = "on_round / trace (they follow one prompt's rounds)"
+    if why is not None:
+        raise DynaTreeError(f"batches do not support {why} yet: call generate once per prompt")
+
+
+def open_row_proposers(draft: Any, proposer_cls: type[Proposer] | None, context: RunContext, policy: DraftPolicy,
+                       sampling: SamplingConfig, rngs: list[torch.Generator]) -> list[Proposer | None]:
+    """Each row's proposer, opened as a single prompt's is, with its own copy of the policy (its
+    history adapts to its row) and its own draft sampler on the row's random stream."""
+    if proposer_cls is None:
+        return [None] * len(rngs)
+    shaped = bool(proposer_cls.models(draft))
+    return [
+        open_proposer(draft, dataclasses.replace(
+            context, policy=copy.deepcopy(policy) if shaped else None,
+            sampler=DraftSampler(rng, sampling.draft_temperature) if policy.samples_children else None))
+        for rng in rngs
+    ]
+
+
+@dataclasses.dataclass
+class _Row:
+    prompt: list[int]
+    proposer: Proposer | None
+    rng: torch.Generator
+    stats: GenerationStats
+    out: list[int] = dataclasses.field(default_factory=list)
+    root: int = 0
+    done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRun:
+    """What a batch's loop reads besides the cache, the rows and their proposers."""
+
+    strategy: str
+    max_new_tokens: int
+    stop: set[int]
+    stop_text: Any  # a generate.StopText, or None
+    sampling: SamplingConfig
+    pad_token_id: int
+    tree_rows: int = BATCH_TREE_ROWS
+
+
+def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: list[list[int]],
+                 rngs: list[torch.Generator], run: BatchRun) -> GenerationResult:
+    clock = sync_clock(target.device)
+    rows = [_Row(p, prop, rng, GenerationStats(strategy=run.strategy, prompt_tokens=len(p)), root=p[-1])
+            for p, prop, rng in zip(prompts, proposers, rngs)]
+    stats = BatchStats([r.stats for r in rows])
+    start = clock()
+
+    # 0. Prefill: every row's prompt but its last token (the first root), left-padded.
+    target.prefill([p[:-1] for p in prompts])
+    for r in rows:
+        if r.proposer is not None:
+            r.proposer.prefill(r.prompt)
+    stats.t_prefill = clock() - start
+    for r in rows:
+        r.stats.t_prefill = stats.t_prefill
+
+    active = list(range(len(rows)))
+    while active:
+        t0 = clock()
+        # 1. Draft: each running row grows its tree; the rows share the verify budget.
+        cap = max(2, run.tree_rows // len(active))
+        trees, drafting, t_row = [], [], []
+        for i in active:
+            r = rows[i]
+            s = clock()
+            builder = TreeBuilder(r.root, cap, depth_limit=run.max_new_tokens - len(r.out) - 1)
+            drafts = r.proposer is not None and builder.depth_limit > 0
+            if drafts:
+                r.proposer.propose(builder)
+            trees.append(builder.freeze())
+            drafting.append(drafts)
+            t_row.append(clock() - s)
+        t1 = clock()
+        # 2. Verify: ONE target forward over every running row's tree.
+        logits = target.verify(trees)
+        t2 = clock()
+        # 3. Accept, per row.
+        decided = []
+        for j, i in enumerate(active):
+            row_logits = logits[j, : trees[j].size]
+            if run.sampling.greedy:
+                decided.append(greedy_accept(trees[j], row_logits))
+            else:
+                decided.append(sample_accept(trees[j], row_logits, run.sampling, rows[i].rng))
+        # 4. Commit: each row's root and accepted rows to its own columns.
+        target.commit([[0, *path] for path, _ in decided])
+        t3 = clock()
+        committed = 0
+        for j, i in enumerate(active):
+            r, tree, (path, bonus) = rows[i], trees[j], decided[j]
+            s = clock()
+            if r.proposer is not None:
+                r.proposer.observe(Outcome(tree, path, bonus, None, drafted=drafting[j],
+                                           overhead_ms=1e3 * (t_row[j] + (t3 - t2) / len(active))))
+            new = truncate_round(committed_tokens(tree, path, bonus), run.max_new_tokens - len(r.out), run.stop)
+            hit = run.stop_text is not None and run.stop_text.cut(r.out, new)
+            if hit:
+                new = new[:hit]
+            r.out += new
+            r.root = bonus
+            committed += len(new)
+            now = clock()
+            if not r.stats.rounds:
+                r.stats.ttft = now - start
+            r.stats.rounds.append(RoundStats(
+                committed=len(new), accepted=min(len(path), len(new)), drafted=tree.num_drafted, depth=tree.max_depth,
+                draft_calls=r.proposer.calls if drafting[j] else 0, t_draft=t_row[j], t_verify=t2 - t1,
+                t_commit=(t3 - t2) / len(active) + now - s,
+                policy_state=r.proposer.state() if r.proposer is not None else {}))
+            if new[-1] in run.stop or hit or len(r.out) >= run.max_new_tokens:
+                r.done = True
+                r.stats.new_tokens = len(r.out)
+                r.stats.t_total = now - start
+                if r.proposer is not None:
+                    r.proposer.finish(len(r.prompt) + len(r.out))
+        stats.rounds.append(BatchRound(len(active), len(active) * max(t.size for t in trees), committed,
+                                       t1 - t0, t2 - t1, t3 - t2))
+        still = [i for i in active if not rows[i].done]
+        if len(still) < len(active) and still:
+            # 5. Finished rows leave the batch (their KV rows with them).
+            target.keep_rows([active.index(i) for i in still])
+        active = still
+
+    stats.t_total = clock() - start
+    return GenerationResult(sequences=_pad(rows, run.pad_token_id), stats=stats)
+
+
+def _pad(rows: list[_Row], pad: int) -> torch.Tensor:
+    """HF's layout: prompts left-padded to the longest, answers right-padded to the longest."""
+    width, new = max(len(r.prompt) for r in rows), max(len(r.out) for r in rows)
+    seq = torch.full((len(rows), width + new), pad, dtype=torch.long)
+    for b, r in enumerate(rows):
+        seq[b, width - len(r.prompt): width] = torch.as_tensor(r.prompt)
+        if r.out:
+            seq[b, width: width + len(r.out)] = torch.as_tensor(r.out)
+    return seq
+
+
+def pad_token(target: torch.nn.Module, pad_token_id: int | None, eos: int | Sequence[int] | None) -> int:
+    """HF's rule: the given pad token, else the target's ``generation_config.pad_token_id``, else
+    the first EOS token (``eos``: the stopping config's, else the target's), else 0."""
+    if pad_token_id is not None:
+        return pad_token_id
+    config = getattr(target, "generation_config", None)
+    pad = getattr(config, "pad_token_id", None) if config is not None else None
+    if isinstance(pad, int):
+        return pad
+    if eos is None and config is not None:
+        eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, int):
+        return eos
+    return int(eos[0]) if eos else 0
