@@ -24,7 +24,8 @@ NO_EOS = dynatree.StoppingConfig(eos_token_id=())
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"input_ids": torch.tensor([[5, 6], [7, 8]])}, "batch size 2 > 1 is not supported"),
+        ({"input_ids": torch.tensor([[5, 6], [7, 8]]), "attention_mask": torch.tensor([[1, 1], [1, 0]])},
+         "row 1 of attention_mask is not left-padded"),
         ({"input_ids": torch.zeros(1, 0, dtype=torch.long)}, "empty prompt"),
         ({"input_ids": torch.tensor([[5, 500]])}, "token id 500 out of range"),
         ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),

@@ -210,15 +210,42 @@ def test_unsupported_arguments_are_refused(kwargs: dict, message: str) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_batches_and_padding_are_refused() -> None:
+@pytest.mark.parametrize("route", ["callable", "folder"])
+def test_a_left_padded_batch_equals_hf_batched_greedy(route: str) -> None:
+    """HF users pass a batch as they would to ``generate``: left-padded ids and their mask; each row
+    comes back as HF's own batched greedy decoding (pad token after a row's EOS included)."""
+    target, draft = pair()
+    ids = torch.cat([prompt(6, 1), prompt(6, 2), prompt(6, 3)])
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # row 0: a 2-token prompt, row 1: 4 tokens, row 2: 6
+    mask[1, :2] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, eos_token_id=None,
+                          pad_token_id=0)
+    if route == "callable":
+        out = target.generate(ids, attention_mask=mask, assistant_model=draft, custom_generate=dynatree.hf.generate,
+                              max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+    else:
+        out = dynatree.hf.generate(target, ids, attention_mask=mask, assistant_model=draft, max_new_tokens=12,
+                                   eos_token_id=None, pad_token_id=0)
+    assert torch.equal(out, ref)
+    assert [s.new_tokens for s in out.stats] == [12, 12, 12]
+
+
+def test_a_right_padded_batch_and_a_batch_streamer_are_refused() -> None:
     target, draft = pair()
     hf = dynatree.integrations.hf.generate
-    with pytest.raises(DynaTreeError, match="batch size 2"):
-        target.generate(torch.cat([prompt(4, 1), prompt(4, 2)]), assistant_model=draft, custom_generate=hf,
-                        max_new_tokens=5, pad_token_id=0)
-    with pytest.raises(DynaTreeError, match="padded attention_mask"):
-        target.generate(prompt(4), attention_mask=torch.tensor([[0, 1, 1, 1]]), assistant_model=draft,
+    ids = torch.cat([prompt(4, 1), prompt(4, 2)])
+    with pytest.raises(DynaTreeError, match="row 0 of attention_mask is not left-padded"):
+        target.generate(ids, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), assistant_model=draft,
                         custom_generate=hf, max_new_tokens=5, pad_token_id=0)
+
+    class Streamer:
+        def put(self, value): ...
+        def end(self): ...
+
+    with pytest.raises(DynaTreeError, match="a streamer follows one prompt"):
+        target.generate(ids, streamer=Streamer(), custom_generate=hf, max_new_tokens=5, pad_token_id=0)
     # autoregressive needs no draft and still equals HF
     out = target.generate(prompt(4), custom_generate=hf, strategy="autoregressive", max_new_tokens=8,
                           eos_token_id=None, pad_token_id=0)

@@ -16,7 +16,7 @@ two ways that call it differently:
   callable, so the same preparation applies and nothing is dropped.
 
 Both end in :func:`dynatree.generate`, the one decoding loop. What that loop cannot reproduce
-exactly (beams, batches, repetition penalties, ...) is refused with one line, not ignored.
+exactly (beams, repetition penalties, ...) is refused with one line, not ignored.
 """
 
 from __future__ import annotations
@@ -177,10 +177,10 @@ def _front_door(model: Any, assistant_model: Any, ids: Any) -> None:
     if assistant_model is not None:
         check_causal_lm(assistant_model, "assistant_model")
     if ids is not None and not isinstance(ids, torch.Tensor):
-        raise DynaTreeError(f"inputs must be a [1, L] tensor of token ids, as for HF's generate, got a "
+        raise DynaTreeError(f"inputs must be a [B, L] tensor of token ids, as for HF's generate, got a "
                             f"{type(ids).__name__}")
     if isinstance(ids, torch.Tensor) and ids.dim() != 2:
-        raise DynaTreeError(f"inputs must be [1, L] (batch, length), as for HF's generate, got shape "
+        raise DynaTreeError(f"inputs must be [B, L] (batch, length), as for HF's generate, got shape "
                             f"{tuple(ids.shape)}")
 
 
@@ -243,9 +243,15 @@ def _run(
     def put(event: RoundEvent) -> None:
         streamer.put(torch.tensor(event.tokens, dtype=torch.long))
     on_round = put if streamer is not None else None
+    mask = model_kwargs.get("attention_mask")
+    if input_ids.shape[0] > 1:
+        if streamer is not None:  # (HF's own streamers refuse batches too)
+            raise DynaTreeError("a streamer follows one prompt: pass a batch without streamer=")
+        stopping = StoppingConfig(stopping.eos_token_id, stopping.stop_strings, pad_token_id=_pad_id(config))
     try:
         result = _engine_generate(
-            model, draft, input_ids, strategy, max_new_tokens=max_new, sampling=sampling, options=engine,
+            model, draft, input_ids, strategy, max_new_tokens=max_new, attention_mask=mask, sampling=sampling,
+            options=engine,
             stopping=stopping, tokenizer=tokenizer, on_round=on_round, trace=trace, **extra, **(strategy_options or {}),
         )
     finally:
@@ -256,6 +262,16 @@ def _run(
         return DynaTreeGenerateOutput(sequences=sequences, stats=result.stats)
     sequences.stats = result.stats  # type: ignore[attr-defined]  # a LongTensor, as HF returns, plus stats
     return sequences
+
+
+def _pad_id(config: GenerationConfig) -> int | None:
+    """HF's pad token for a batch's finished rows: ``pad_token_id``, else the first EOS token."""
+    if config.pad_token_id is not None:
+        return int(config.pad_token_id)
+    eos = config.eos_token_id
+    if eos is None:
+        return None
+    return int(eos) if isinstance(eos, int) else int(list(eos)[0])
 
 
 def _refuse_unsupported(model: Any, input_ids: torch.Tensor, config: GenerationConfig, processors: Any,
@@ -275,15 +291,9 @@ def _refuse_unsupported(model: Any, input_ids: torch.Tensor, config: GenerationC
     for bad, what in checks:
         if bad:
             raise DynaTreeError(f"{what} is not supported by dynatree custom_generate; supported: {_SUPPORTED}")
-    # After the beam checks: HF has already repeated the prompt num_beams times.
-    if input_ids.shape[0] != 1:
-        raise DynaTreeError(f"batch size {input_ids.shape[0]} > 1 is not supported by dynatree; "
-                            "call generate once per prompt")
+    # (a batch's attention_mask, left padding only, is checked with its ids by the engine)
     if input_ids.shape[1] == 0:
         raise DynaTreeError("dynatree needs input_ids (inputs_embeds without ids are not supported)")
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool((mask == 1).all()):
-        raise DynaTreeError("a padded attention_mask is not supported by dynatree (batch size 1, no padding)")
     cache = model_kwargs.get("past_key_values")
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
         raise DynaTreeError("a filled past_key_values is not supported by dynatree (it keeps its own caches)")

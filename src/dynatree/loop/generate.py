@@ -140,7 +140,7 @@ def generate(
     if len(prompts) > 1:
         return _generate_batch(target, draft, prompts, policy, max_new_tokens, sampling, options, stopping, seed,
                                generator, tokenizer, truncate_prompt, allow_vocab_mismatch, backoff, on_round, trace,
-                               input_ids.device if isinstance(input_ids, torch.Tensor) else None)
+                               input_ids if isinstance(input_ids, torch.Tensor) else None)
     if isinstance(seed, Sequence) and len(seed) == 1:
         seed = seed[0]
     rng = make_generator(seed, generator)
@@ -392,7 +392,7 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
                     max_new_tokens: int, sampling: SamplingConfig, options: EngineOptions, stopping: StoppingConfig,
                     seed: Any, generator: torch.Generator | None, tokenizer: Any, truncate_prompt: bool,
                     allow_vocab_mismatch: bool, backoff: Any, on_round: Any, trace: Any,
-                    device: torch.device | None) -> GenerationResult:
+                    given: torch.Tensor | None) -> GenerationResult:
     """:func:`generate` for several prompts: the same checks per row, then :mod:`dynatree.loop.batch`."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -415,8 +415,10 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
         run = batch.BatchRun(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling,
                              batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id))
         result = batch.decode_batch(target_kv, proposers, prompts, rngs, run)
-    if device is not None and result.sequences.device != device:
-        result = dataclasses.replace(result, sequences=result.sequences.to(device))
+        if given is not None and given.shape[1] == max(map(len, prompts)):  # HF returns the prompts as given
+            result.sequences[:, : given.shape[1]] = given.cpu()
+    if given is not None and result.sequences.device != given.device:
+        result = dataclasses.replace(result, sequences=result.sequences.to(given.device))
     return result
 
 
