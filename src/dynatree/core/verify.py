@@ -53,8 +53,10 @@ class LazyLogits:
     BATCH_ROWS = LAZY_HEAD_BATCH_ROWS
 
     def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
-                 eager: bool = False, features: torch.Tensor | None = None) -> None:
+                 eager: bool = False, features: torch.Tensor | None = None, batch_rows: int | None = None) -> None:
         self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
+        #: trees up to this many rows get every row's head in one call on the first read (0: never)
+        self.batch_rows = self.BATCH_ROWS if batch_rows is None else batch_rows
         # what a feature draft reads of each node: the final hidden states, or fused layer outputs
         self.features = hidden if features is None else features
         self._rows: dict[int, torch.Tensor] = {}
@@ -68,7 +70,7 @@ class LazyLogits:
         """The head of ``nodes`` in ONE call, kept for later reads: the rows a walk is likely to
         read (the draft's most likely chain) cost one pass over the head's weights instead of one
         pass each. Rows already computed are skipped."""
-        if self._all is not None or len(self) <= self.BATCH_ROWS:
+        if self._all is not None or len(self) <= self.batch_rows:
             return
         todo = [n for n in dict.fromkeys(nodes) if n not in self._rows]
         if len(todo) < 2:
@@ -78,7 +80,9 @@ class LazyLogits:
             self._rows[n] = row
 
     def __getitem__(self, node: int) -> torch.Tensor:
-        if self._all is None and len(self) <= self.BATCH_ROWS:
+        if node in self._rows:  # (computed ahead: prefetch, or a batch's one head call)
+            return self._rows[node]
+        if self._all is None and len(self) <= self.batch_rows:
             self._all = self.head(self.hidden)[:, : self.vocab_size].float()
         if self._all is not None:
             return self._all[node]
@@ -86,6 +90,26 @@ class LazyLogits:
         if row is None:
             row = self._rows[node] = self.head(self.hidden[node])[: self.vocab_size].float()
         return row
+
+
+def batch_lazy_logits(hidden: torch.Tensor, trees: Sequence[TokenTree], head: Callable[[torch.Tensor], torch.Tensor],
+                      vocab_size: int) -> list[LazyLogits]:
+    """A batch's verify output ``hidden`` ``[B, N, H]`` as one :class:`LazyLogits` per row, with the
+    rows acceptance most likely reads (each tree's :func:`likely_chain`) computed in ONE head
+    call for the whole batch: the head's weights are read once, not once per row (SmolLM2's head
+    is 113 MB in fp32, a large part of a batched step on a CPU). A walk that leaves the likely
+    chain computes its other rows when it reads them."""
+    chains = [likely_chain(t) for t in trees]
+    flat = torch.cat([torch.as_tensor(c) + j * hidden.shape[1] for j, c in enumerate(chains)])
+    rows = head(hidden.reshape(-1, hidden.shape[-1])[flat.to(hidden.device)])[:, :vocab_size].float()
+    out, k = [], 0
+    for j, (t, c) in enumerate(zip(trees, chains)):
+        lazy = LazyLogits(hidden[j, : t.size], head, vocab_size, batch_rows=0)  # (off the chain: row by row)
+        for node in c:
+            lazy._rows[node] = rows[k]
+            k += 1
+        out.append(lazy)
+    return out
 
 
 def greedy_accept(tree: TokenTree, target_logits: torch.Tensor | LazyLogits) -> tuple[list[int], int]:

@@ -33,7 +33,7 @@ from dynatree.core.proposer import Outcome, Proposer, RunContext
 from dynatree.core.sampling import DraftSampler, SamplingConfig
 from dynatree.core.stats import BatchRound, BatchStats, GenerationResult, GenerationStats, RoundStats
 from dynatree.core.tree import TreeBuilder, committed_tokens, truncate_round
-from dynatree.core.verify import greedy_accept, sample_accept
+from dynatree.core.verify import batch_lazy_logits, greedy_accept, sample_accept
 from dynatree.drafts.registry import open_proposer
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
@@ -119,6 +119,7 @@ class BatchRun:
     stop_text: Any  # a generate.StopText, or None
     sampling: SamplingConfig
     pad_token_id: int
+    lazy_head: bool = False
     tree_rows: int = BATCH_TREE_ROWS
 
 
@@ -157,12 +158,15 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
             t_row.append(clock() - s)
         t1 = clock()
         # 2. Verify: ONE target forward over every running row's tree.
-        logits = target.verify(trees)
+        if run.lazy_head:  # (the head on the rows acceptance reads, in one call for the batch)
+            logits = batch_lazy_logits(target.verify(trees, hidden=True), trees, target.head, target.vocab_size)
+        else:
+            logits = [x[: t.size] for x, t in zip(target.verify(trees), trees)]
         t2 = clock()
         # 3. Accept, per row.
         decided = []
         for j, i in enumerate(active):
-            row_logits = logits[j, : trees[j].size]
+            row_logits = logits[j]
             if run.sampling.greedy:
                 decided.append(greedy_accept(trees[j], row_logits))
             else:

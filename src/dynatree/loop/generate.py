@@ -172,11 +172,7 @@ def generate(
         target_kv: KVModel = cached_target(target, vocab, options, len(prompt) + max_new_tokens)
         if streaming is not None:
             target_kv = StreamingKV(target_kv, streaming, rope)
-        lazy_head = options.lazy_head
-        if lazy_head is None:
-            lazy_head = target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
-        elif lazy_head and not target_kv.supports_lazy_head():
-            raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
+        lazy_head = _lazy_head(options, target_kv)
         proposer = None
         if proposer_cls is not None:
             context = RunContext(
@@ -207,6 +203,16 @@ def generate(
     if device is not None and result.sequences.device != device:  # back where the prompt came from
         result = dataclasses.replace(result, sequences=result.sequences.to(device))
     return result
+
+
+def _lazy_head(options: EngineOptions, target_kv: Any) -> bool:
+    """Whether acceptance computes the head only on the rows it reads: the engine's setting, by
+    default on a CPU (where the head over a large vocabulary is a large share of a forward)."""
+    if options.lazy_head is None:
+        return target_kv.device.type == "cpu" and target_kv.supports_lazy_head()
+    if options.lazy_head and not target_kv.supports_lazy_head():
+        raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
+    return options.lazy_head
 
 
 def _policy(strategy: str | DraftPolicy, strategy_options: dict[str, Any]) -> DraftPolicy:
@@ -413,7 +419,8 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
                              allow_vocab_mismatch=allow_vocab_mismatch)
         proposers = batch.open_row_proposers(draft, proposer_cls, context, policy, sampling, rngs)
         run = batch.BatchRun(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling,
-                             batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id))
+                             batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id),
+                             lazy_head=_lazy_head(options, target_kv))
         result = batch.decode_batch(target_kv, proposers, prompts, rngs, run)
         if given is not None and given.shape[1] == max(map(len, prompts)):  # HF returns the prompts as given
             result.sequences[:, : given.shape[1]] = given.cpu()

@@ -28,7 +28,7 @@ import torch
 
 from dynatree.core.tree import TokenTree, ancestor_matrix
 from dynatree.errors import DynaTreeError
-from dynatree.runtime.cache import new_cache
+from dynatree.runtime.cache import new_cache, plain_head
 from dynatree.runtime.window import attention_layout
 
 
@@ -61,7 +61,12 @@ class BatchedKV:
         return len(self.lengths)
 
     def supports_lazy_head(self) -> bool:
-        return False
+        """Whether :meth:`verify` with ``hidden=True`` plus :attr:`head` reproduce its logits."""
+        return plain_head(self.model)
+
+    @property
+    def head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
 
     # ------------------------------------------------------------------------------ calls
     def prefill(self, prompts: Sequence[Sequence[int]]) -> None:
@@ -83,10 +88,12 @@ class BatchedKV:
         allowed = self.valid[:, None, :] & torch.ones(width, width, dtype=torch.bool).tril()
         self._call(tokens, positions, allowed, logits_to_keep=1)
 
-    def verify(self, trees: Sequence[TokenTree]) -> torch.Tensor:
+    def verify(self, trees: Sequence[TokenTree], hidden: bool = False) -> torch.Tensor:
         """ONE forward over every row's tree (root included), each node at its row's position plus
         its depth, seeing its row's valid columns and its own ancestors; returns float logits
-        ``[B, N, V]`` (row ``b``'s first ``trees[b].size`` entries are its nodes, tree order)."""
+        ``[B, N, V]`` (row ``b``'s first ``trees[b].size`` entries are its nodes, tree order), or
+        with ``hidden`` the final hidden states ``[B, N, H]`` (the head is then applied to the rows
+        acceptance reads: :func:`~dynatree.core.verify.batch_lazy_logits`)."""
         b, n = len(trees), max(t.size for t in trees)
         tokens = torch.zeros(b, n, dtype=torch.long)
         depth = torch.zeros(b, n, dtype=torch.long)
@@ -96,23 +103,21 @@ class BatchedKV:
             depth[i, : t.size] = t.depth
             tree_part[i, : t.size, : t.size] = ancestor_matrix(t.parent, t.depth)
         allowed = torch.cat([self.valid[:, None, :].expand(b, n, self.width), tree_part], dim=2)
+        if hidden:
+            return self._call(tokens, self.pos[:, None] + depth, allowed, base=True)
         logits = self._call(tokens, self.pos[:, None] + depth, allowed)
         return logits[..., : self.vocab_size].float()
 
     def _call(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
-              logits_to_keep: int = 0) -> torch.Tensor:
+              logits_to_keep: int = 0, base: bool = False) -> torch.Tensor:
         self.calls += 1
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)  # (finite: a fully masked row stays NaN-free)
-        out = self.model(
-            input_ids=tokens.to(self.device),
-            attention_mask=mask[:, None].to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        return out.logits
+        inputs = dict(input_ids=tokens.to(self.device), attention_mask=mask[:, None].to(self.device),
+                      position_ids=positions.to(self.device), past_key_values=self.cache, use_cache=True)
+        if base:
+            return self.model.base_model(**inputs).last_hidden_state
+        return self.model(**inputs, logits_to_keep=logits_to_keep).logits
 
     # ------------------------------------------------------------------------- bookkeeping
     def commit(self, keep: Sequence[Sequence[int]]) -> None:

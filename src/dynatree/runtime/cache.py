@@ -92,6 +92,14 @@ def vocab_size(model: torch.nn.Module) -> int:
     return int((config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size)
 
 
+def plain_head(model: torch.nn.Module) -> bool:
+    """True if ``model``'s logits are exactly ``head(base_model(...))``: no scaling or soft-capping on top."""
+    cfg = model.config
+    plain = not any(getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+    return plain and getattr(model, "base_model", model) is not model \
+        and isinstance(model.get_output_embeddings(), torch.nn.Linear)
+
+
 # ------------------------------------------------------------------------- model + its cache
 class CachedModel:
     """A causal LM together with its KV cache: the one place that calls the model while decoding.
@@ -227,10 +235,7 @@ class CachedModel:
 
     def plain_head(self) -> bool:
         """True if logits are exactly ``head(base_model(...))``: no scaling or soft-capping on top."""
-        cfg = self.model.config
-        plain = not any(getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
-        return plain and getattr(self.model, "base_model", self.model) is not self.model \
-            and isinstance(self.head, torch.nn.Linear)
+        return plain_head(self.model)
 
     def supports_lazy_head(self) -> bool:
         """Whether :meth:`forward_hidden` + :attr:`head` reproduce :meth:`forward` exactly."""
