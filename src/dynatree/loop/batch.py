@@ -5,14 +5,17 @@ Rounds run as in :mod:`dynatree.loop.generate` (draft -> verify -> accept -> com
 with these differences:
 
 * each row has its own proposer (its own draft cache, text index and policy state, opened with the
-  same context as a single prompt's) and its own random stream, so row ``b`` commits what a
-  single-prompt run of its prompt would with the same seed: its trees, its draws and, up to float
-  summation order in the batched forward, its target logits are that run's;
+  same context as a single prompt's) and its own random stream. Greedy, a row commits what its
+  own decoding would. Sampled, a row's trees and draws depend on its seed and on the batch's size
+  (which fixes its share of the verify budget below), not on the other rows; where its trees fit
+  that share (a text draft's always do, a policy's when its node budget is at most
+  ``BATCH_TREE_ROWS // B - 1``) it commits what a single-prompt run with the same seed would, up
+  to float summation order in the batched forward;
 * the target's KV caches share one :class:`~dynatree.runtime.batch_cache.BatchedKV` (per-row
   positions and masks; ragged lengths kept as masked holes);
 * rows that finish (EOS, stop string, length) leave the batch: no drafting, no verify rows;
-* the trees share a verify budget (:data:`dynatree.tuning.BATCH_TREE_ROWS`): the more rows are
-  running, the smaller each row's tree, because a wide batch already fills the target's forward;
+* the trees share a verify budget (:data:`dynatree.tuning.BATCH_TREE_ROWS`): the more rows, the
+  smaller each row's tree, because a wide batch already fills the target's forward;
 * no back-off to plain steps (its clock would judge the batch, not a row).
 
 The draft model's level calls run per row (each row's proposer calls its own draft cache); they
@@ -143,8 +146,11 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
     active = list(range(len(rows)))
     while active:
         t0 = clock()
-        # 1. Draft: each running row grows its tree; the rows share the verify budget.
-        cap = max(2, run.tree_rows // len(active))
+        # 1. Draft: each running row grows its tree; the rows share the verify budget. Greedy: the
+        #    rows still running share it (outputs are the target's argmax whatever the trees).
+        #    Sampled: the batch's size fixes each row's share for the whole run, so a row's trees,
+        #    and with them its draws, do not depend on when its neighbours finish.
+        cap = max(2, run.tree_rows // (len(active) if run.sampling.greedy else len(rows)))
         trees, drafting, t_row = [], [], []
         for i in active:
             r = rows[i]
