@@ -132,3 +132,32 @@ def test_the_default_reads_the_environment_at_every_call(monkeypatch: pytest.Mon
     for value, want in (("off", False), ("on", True), ("0", False), ("ON", True)):
         monkeypatch.setenv("DYNATREE_BACKOFF", value)
         assert backoff.enabled() is want
+
+
+@pytest.mark.parametrize("source", ["model", "text", "hybrid"])
+def test_a_batch_backs_off_as_a_whole(source: str) -> None:
+    """The back-off judges the batch: every row drafts or none does, and the controller sees the
+    batch's committed tokens per round; the rows stay their own greedy decodings."""
+    target = tiny_model("llama", seed=1)
+    model = perturbed(target, noise=0.05)
+    draft = {"model": model, "text": None, "hybrid": TextDraft(model=model)}[source]
+    seen: list[tuple[bool, int]] = []
+
+    class Logged(EveryOther):
+        def observe(self, drafted: bool, committed: int, seconds: float) -> None:
+            seen.append((drafted, committed))
+            super().observe(drafted, committed, seconds)
+
+    rows = [repetitive(target.config.vocab_size).tolist(), [5, 9, 14, 5, 9], [7]]
+    out = generate(target, draft, rows, "dynatree", max_new_tokens=24,
+                   stopping=StoppingConfig(eos_token_id=(), pad_token_id=0), backoff=Logged())
+    for b, row in enumerate(rows):
+        new = out.sequences[b, max(map(len, rows)):].tolist()
+        assert new == hf_greedy(target, torch.tensor([row]), 24, None)[0, len(row):].tolist(), b
+    batch_rounds = out.stats.rounds
+    assert [c for _, c in seen] == [r.committed for r in batch_rounds][: len(seen)]
+    for k, (drafted, _) in enumerate(seen):
+        per_row = [s.rounds[k].drafted for s in out.stats if len(s.rounds) > k]
+        assert drafted or not any(per_row), (k, per_row)  # a plain round is plain for every row
+    assert any(d for d, _ in seen) and not all(d for d, _ in seen)
+    assert any(s.rounds[k].drafted for s in out.stats for k in range(0, len(s.rounds) - 1, 2))

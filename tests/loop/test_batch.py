@@ -174,7 +174,10 @@ def eos_case(arch: str, strategy: str, lengths: tuple[int, ...], seed: int, n: i
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("strategy", ["linear", "fixed", "dynatree", "dyspec"])
-def test_eos_inside_tree_rows_finish_at_different_rounds(arch: str, strategy: str) -> None:
+def test_eos_inside_tree_rows_finish_at_different_rounds(arch: str, strategy: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # (trees as a single prompt's: the batch's verify share would cut them below an accepted EOS)
+    monkeypatch.setattr(dynatree.loop.batch, "BATCH_TREE_ROWS", 256)
     lengths, seed, n = (4, 9, 1, 6), 3, 32
     eos, counts = eos_case(arch, strategy, lengths, seed, n)
     for draft in ("self", "perturbed"):
@@ -349,7 +352,7 @@ SAMPLED = SamplingConfig(temperature=1.0)
 # the widest batch here (4 rows: root + max_nodes rows each);
 # test_a_sampled_row_with_a_capped_tree_does_not_depend_on_its_neighbours covers trees beyond it.
 ROW_BUDGET = dynatree.tuning.BATCH_TREE_ROWS // 4 - 1
-SAMPLED_TREES = {s: {**o, "max_nodes": min(o["max_nodes"], ROW_BUDGET)} if "max_nodes" in o else o
+SAMPLED_TREES = {s: {k: min(v, ROW_BUDGET) if k in ("max_nodes", "k") else v for k, v in o.items()}
                  for s, o in OPTIONS.items()}
 
 

@@ -16,7 +16,11 @@ with these differences:
 * rows that finish (EOS, stop string, length) leave the batch: no drafting, no verify rows;
 * the trees share a verify budget (:data:`dynatree.tuning.BATCH_TREE_ROWS`): the more rows, the
   smaller each row's tree, because a wide batch already fills the target's forward;
-* no back-off to plain steps (its clock would judge the batch, not a row).
+* the back-off (:class:`~dynatree.loop.backoff.Backoff`, greedy runs) judges the batch as a
+  whole: it compares the batch's committed tokens per second in speculative rounds and in plain
+  rounds, and every row drafts or none does. A batch's rounds last as long as its slowest row
+  keeps going, and every drafted row widens everyone's forward, so where the rows' texts give
+  little to draft the batch decodes plain.
 
 The draft model's level calls run per row (each row's proposer calls its own draft cache); they
 are not batched across rows.
@@ -39,6 +43,7 @@ from dynatree.core.tree import TreeBuilder, committed_tokens, truncate_round
 from dynatree.core.verify import batch_lazy_logits, greedy_accept, sample_accept
 from dynatree.drafts.registry import open_proposer
 from dynatree.errors import DynaTreeError
+from dynatree.loop.backoff import Backoff
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
@@ -66,7 +71,7 @@ def row_generators(rows: int, seed: int | Sequence[int] | None, generator: torch
     return [torch.Generator().manual_seed(s) for s in seeds]
 
 
-def refuse(options: EngineOptions, draft_kind: type[Proposer] | None, backoff: Any, on_round: Any, trace: Any,
+def refuse(options: EngineOptions, draft_kind: type[Proposer] | None, on_round: Any, trace: Any,
            tensor_parallel: bool) -> None:
     """One line for each setting a batch cannot honour, before any model runs."""
     why = None
@@ -78,8 +83,6 @@ def refuse(options: EngineOptions, draft_kind: type[Proposer] | None, backoff: A
         why = "a tensor-parallel target"
     elif draft_kind is not None and draft_kind.wants_features:
         why = "a feature-conditioned draft head (batches take a draft model, the text or both)"
-    elif backoff is True or (backoff not in (None, False) and not isinstance(backoff, bool)):
-        why = "the back-off to plain steps"
     elif on_round is not None or trace is not None:
         why = "on_round / trace (they follow one prompt's rounds)"
     if why is not None:
@@ -124,6 +127,7 @@ class BatchRun:
     pad_token_id: int
     lazy_head: bool = False
     tree_rows: int = BATCH_TREE_ROWS
+    backoff: Backoff | None = None  # (greedy only: the batch's controller, a copy for this call)
 
 
 def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: list[list[int]],
@@ -151,12 +155,14 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         #    Sampled: the batch's size fixes each row's share for the whole run, so a row's trees,
         #    and with them its draws, do not depend on when its neighbours finish.
         cap = max(2, run.tree_rows // (len(active) if run.sampling.greedy else len(rows)))
-        trees, drafting, t_row = [], [], []
+        trees, drafting, t_row, deepens = [], [], [], False
+        speculate = run.backoff is None or run.backoff.should_draft()
         for i in active:
             r = rows[i]
             s = clock()
             builder = TreeBuilder(r.root, cap, depth_limit=run.max_new_tokens - len(r.out) - 1)
-            drafts = r.proposer is not None and builder.depth_limit > 0
+            deepens |= builder.depth_limit > 0
+            drafts = speculate and r.proposer is not None and builder.depth_limit > 0
             if drafts:
                 r.proposer.propose(builder)
             trees.append(builder.freeze())
@@ -210,6 +216,8 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
                     r.proposer.finish(len(r.prompt) + len(r.out))
         stats.rounds.append(BatchRound(len(active), len(active) * max(t.size for t in trees), committed,
                                        t1 - t0, t2 - t1, t3 - t2))
+        if run.backoff is not None and deepens:  # (rounds whose rows were all at their last token: not its choice)
+            run.backoff.observe(any(drafting), committed, clock() - t0)
         still = [i for i in active if not rows[i].done]
         if len(still) < len(active) and still:
             # 5. Finished rows leave the batch (their KV rows with them).

@@ -187,12 +187,7 @@ def generate(
 
             recorder = TraceRecorder(tokenizer, on_round)
             on_round = recorder
-        pacer = None
-        if backoff is None:
-            backoff = backoff_module.enabled()
-        if backoff is not False and proposer is not None and sampling.greedy and sync is None:
-            # (a given Backoff sets the thresholds; its copy keeps this call's state)
-            pacer = dataclasses.replace(backoff) if isinstance(backoff, Backoff) else Backoff()
+        pacer = _pacer(backoff, proposer is not None and sampling.greedy and sync is None)
         run = Run(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling, rng,
                   options.tree_order, lazy_head, sync, on_round, pacer, shared_random=policy.samples_children)
         result = _decode(target_kv, proposer, prompt, run)
@@ -203,6 +198,17 @@ def generate(
     if device is not None and result.sequences.device != device:  # back where the prompt came from
         result = dataclasses.replace(result, sequences=result.sequences.to(device))
     return result
+
+
+def _pacer(backoff: bool | Backoff | None, applies: bool) -> Backoff | None:
+    """The run's back-off controller: None when it is off (``backoff=False``, or None with
+    ``DYNATREE_BACKOFF=off``) or does not apply (no proposer, a sampled or tensor-parallel run);
+    a given :class:`Backoff` sets the thresholds, and its copy keeps this call's state."""
+    if backoff is None:
+        backoff = backoff_module.enabled()
+    if backoff is False or not applies:
+        return None
+    return dataclasses.replace(backoff) if isinstance(backoff, Backoff) else Backoff()
 
 
 def _lazy_head(options: EngineOptions, target_kv: Any) -> bool:
@@ -404,7 +410,7 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
         raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     proposer_cls = proposer_for(draft) if policy.uses_draft else None
     tensor_parallel = distributed.RankSync.for_models(target, draft if policy.uses_draft else None) is not None
-    batch.refuse(options, proposer_cls, backoff, on_round, trace, tensor_parallel)
+    batch.refuse(options, proposer_cls, on_round, trace, tensor_parallel)
     rngs = batch.row_generators(len(prompts), seed, generator)
     models, depth = _positioned(policy, target, draft, proposer_cls, max_new_tokens)
     prompts = [_fit_positions(p, max_new_tokens, depth, models, truncate_prompt) for p in prompts]
@@ -420,7 +426,8 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
         proposers = batch.open_row_proposers(draft, proposer_cls, context, policy, sampling, rngs)
         run = batch.BatchRun(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling,
                              batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id),
-                             lazy_head=_lazy_head(options, target_kv))
+                             lazy_head=_lazy_head(options, target_kv), tree_rows=batch.BATCH_TREE_ROWS,
+                             backoff=_pacer(backoff, proposer_cls is not None and sampling.greedy))
         result = batch.decode_batch(target_kv, proposers, prompts, rngs, run)
         if given is not None and given.shape[1] == max(map(len, prompts)):  # HF returns the prompts as given
             result.sequences[:, : given.shape[1]] = given.cpu()
