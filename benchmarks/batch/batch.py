@@ -1,0 +1,149 @@
+"""Batched generation on Spec-Bench's questions: total generated tokens per second by batch size,
+our batched decoding against HF's batched ``generate`` in ONE run (issue 39, item 6).
+
+    python benchmarks/batch/batch.py [--batch-sizes 1,4,8,16] [--max-new-tokens 96] [--threads 2]
+                                     [--variants hf,ar,text,hybrid] [--out batch.jsonl] [--label L]
+
+Prompts: the first turns of Spec-Bench's questions (the question file ships in the package) in
+SmolLM2's chat template; each batch holds B questions of ONE task (Spec-Bench reports per task),
+questions 1..B of that task. Per task and batch size every variant runs on the same batch, the
+variants interleaved, ``--reps`` times (the best time is kept: a 2-core VM's background load only
+ever slows a run). Variants:
+
+* ``hf``: HF ``generate``, greedy, left-padded batch with its attention mask (the reference);
+* ``ar``: ours, ``strategy="autoregressive"`` (plain batched decoding, our cache and mask);
+* ``text``: ours, ``draft=None`` (each row drafts from its own text);
+* ``hybrid``: ours, the shipped distilled draft and the text in one tree (the CLI's default).
+
+Every variant's sequences are compared with HF's: the count of rows that differ is recorded
+(``mismatched_rows``). One JSON line per (task, batch size, variant): generated tokens, seconds,
+tokens per second, speedup over ``ar`` and over ``hf`` of the same batch, tokens per round, peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+import dynatree
+from dynatree import TextDraft
+from dynatree.bench import specbench_questions as sq
+from dynatree.bench.sysinfo import provenance
+from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from dynatree.loading.models import load_model, resolve_draft
+
+
+def batch_of(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids (pad 0) and their attention mask, HF's batch layout."""
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+        mask[b, width - len(p):] = 1
+    return ids, mask
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-sizes", default="1,4,8,16")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--max-prompt-tokens", type=int, default=600)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--variants", default="hf,ar,text,hybrid")
+    ap.add_argument("--tasks", default="", help="comma-separated Spec-Bench tasks (default: all six)")
+    ap.add_argument("--out", default=str(Path(__file__).with_name("batch.jsonl")))
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target, tok = load_model(DEFAULT_TARGET)
+    draft = resolve_draft(DEFAULT_DRAFT, target) if "hybrid" in args.variants else None
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    tasks = sq.by_task(sq.load_questions())
+    wanted = [t for t in args.tasks.split(",") if t] or list(tasks)
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    n = args.max_new_tokens
+
+    def prompts_of(task: str, size: int) -> list[list[int]]:
+        out = []
+        for q in tasks[task]:
+            ids = sq._render(tok, [{"role": "user", "content": q.turns[0]}])
+            if len(ids) <= args.max_prompt_tokens:
+                out.append(ids)
+            if len(out) == size:
+                return out
+        raise SystemExit(f"task {task} has fewer than {size} questions within {args.max_prompt_tokens} tokens")
+
+    def run(variant: str, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float, dict]:
+        start = time.perf_counter()
+        if variant == "hf":
+            seq = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=0,
+                                  pad_token_id=pad)
+            return seq, time.perf_counter() - start, {}
+        stopping = dynatree.StoppingConfig(pad_token_id=pad)
+        if variant == "ar":
+            out = dynatree.generate(target, None, ids, "autoregressive", attention_mask=mask, max_new_tokens=n,
+                                    stopping=stopping)
+        elif variant == "text":
+            out = dynatree.generate(target, None, ids, attention_mask=mask, max_new_tokens=n, stopping=stopping)
+        else:
+            out = dynatree.generate(target, TextDraft(model=draft), ids, attention_mask=mask, max_new_tokens=n,
+                                    stopping=stopping)
+        elapsed = time.perf_counter() - start
+        stats = out.stats if ids.shape[0] > 1 else None
+        extra = {"tokens_per_round": out.stats.mean_committed}
+        if stats is not None:
+            extra.update(t_realign=stats.t_realign, t_verify=stats.summary()["t_verify"],
+                         t_draft=stats.summary()["t_draft"], rounds=stats.num_rounds)
+        return out.sequences, elapsed, extra
+
+    variants = args.variants.split(",")
+    meta = {"label": args.label, "threads": args.threads, "max_new_tokens": n, **provenance()}
+    with open(args.out, "a") as f:
+        for size in sizes:
+            for task in wanted:
+                ids, mask = batch_of(prompts_of(task, size))
+                run("hf", ids[:, -8:], mask[:, -8:])  # (warm-up: first calls allocate)
+                best: dict[str, tuple] = {}
+                for _ in range(args.reps):
+                    for v in variants:
+                        seq, sec, extra = run(v, ids, mask)
+                        if v not in best or sec < best[v][1]:
+                            best[v] = (seq, sec, extra)
+                ref = best["hf"][0] if "hf" in best else None
+                for v in variants:
+                    seq, sec, extra = best[v]
+                    new = int(((seq[:, ids.shape[1]:] != pad) | _eos_kept(seq[:, ids.shape[1]:], pad)).sum())
+                    row = {"task": task, "batch_size": size, "variant": v, "new_tokens": new, "seconds": sec,
+                           "tokens_per_second": new / sec,
+                           "speedup_vs_ar": best["ar"][1] / sec if "ar" in best else None,
+                           "speedup_vs_hf": best["hf"][1] / sec if "hf" in best else None,
+                           "mismatched_rows": (None if ref is None else
+                                               int(sum(not torch.equal(a[: len(b)], b[: len(a)]) for a, b in
+                                                       zip(seq[:, ids.shape[1]:], ref[:, ids.shape[1]:])))),
+                           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                           **extra, **meta}
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
+                    print(f"B={size:2d} {task:22s} {v:7s} {row['tokens_per_second']:6.1f} tok/s "
+                          f"x{row['speedup_vs_hf'] or 0:.2f} HF  x{row['speedup_vs_ar'] or 0:.2f} AR  "
+                          f"L={extra.get('tokens_per_round', 1):.2f} mismatched={row['mismatched_rows']}", flush=True)
+
+
+def _eos_kept(new: torch.Tensor, pad: int) -> torch.Tensor:
+    """The first pad-valued token of each row when the pad token is the EOS token (it was generated)."""
+    first = torch.zeros_like(new, dtype=torch.bool)
+    hits = (new == pad).int().argmax(1)
+    has = (new == pad).any(1)
+    first[torch.arange(len(new))[has], hits[has]] = True
+    return first
+
+
+if __name__ == "__main__":
+    main()
