@@ -3,6 +3,7 @@ our batched decoding against HF's batched ``generate`` in ONE run (issue 39, ite
 
     python benchmarks/batch/batch.py [--batch-sizes 1,4,8,16] [--max-new-tokens 96] [--threads 2]
                                      [--variants hf,ar,text,hybrid] [--out batch.jsonl] [--label L]
+    python benchmarks/batch/batch.py --table batch.jsonl [--label L]     # the markdown tables
 
 Prompts: the first turns of Spec-Bench's questions (the question file ships in the package) in
 SmolLM2's chat template; each batch holds B questions of ONE task (Spec-Bench reports per task),
@@ -49,8 +50,39 @@ def batch_of(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def table(path: str, label: str = "") -> str:
+    """Spec-Bench's way, per batch size: each variant's speedup per task (over our batched
+    autoregressive decoding, and over HF's batched generate), then the mean over tasks; plus total
+    tokens per second averaged over tasks and the rows that differ from HF's."""
+    rows = [json.loads(line) for line in open(path)]
+    if label:
+        rows = [r for r in rows if r.get("label") == label]
+    lines = []
+    for size in sorted({r["batch_size"] for r in rows}):
+        at = [r for r in rows if r["batch_size"] == size]
+        tasks = list(dict.fromkeys(r["task"] for r in at))
+        variants = list(dict.fromkeys(r["variant"] for r in at))
+        lines += [f"**B = {size}** (speedup over our batched autoregressive / over HF batched `generate`)", "",
+                  "| variant | " + " | ".join(tasks) + " | mean | tok/s | mismatched rows |",
+                  "|---" * (len(tasks) + 4) + "|"]
+        for v in variants:
+            cells, ar, hf = [], [], []
+            for t in tasks:
+                r = next(x for x in at if x["task"] == t and x["variant"] == v)
+                ar.append(r["speedup_vs_ar"])
+                hf.append(r["speedup_vs_hf"])
+                cells.append(f"{r['speedup_vs_ar']:.2f} / {r['speedup_vs_hf']:.2f}")
+            tps = sum(x["tokens_per_second"] for x in at if x["variant"] == v) / len(tasks)
+            bad = sum(x["mismatched_rows"] or 0 for x in at if x["variant"] == v)
+            lines.append(f"| {v} | " + " | ".join(cells) + f" | **{sum(ar) / len(ar):.2f} / {sum(hf) / len(hf):.2f}**"
+                         f" | {tps:.1f} | {bad} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", help="print the markdown tables of this results file and exit")
     ap.add_argument("--batch-sizes", default="1,4,8,16")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--max-prompt-tokens", type=int, default=600)
@@ -61,6 +93,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).with_name("batch.jsonl")))
     ap.add_argument("--label", default="")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table, args.label))
+        return
     torch.set_num_threads(args.threads)
     target, tok = load_model(DEFAULT_TARGET)
     draft = resolve_draft(DEFAULT_DRAFT, target) if "hybrid" in args.variants else None

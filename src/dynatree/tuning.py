@@ -21,13 +21,16 @@ from __future__ import annotations
 #: (the 2-core EPYC, the instruct sets).
 DEFAULT_MAX_NODES = {"cpu": 3, "cuda": 64}
 
-#: A batch's trees share this many verify rows per round (each running row gets
-#: ``max(2, BATCH_TREE_ROWS // rows)``, root included): a wide batch already fills the target's
-#: forward, so its rows speculate less. Swept on a 2-core Intel Xeon (Sapphire Rapids), SmolLM2-135M,
-#: Spec-Bench first turns, text drafts, 64 new tokens: at 4 rows 16 (4 per row) beat 8, 32 and 64
-#: (translation 2.97 s against 3.33 s at 32 and 3.40 s at 64); at 8 rows no share paid on QA, RAG
-#: or summarization (the back-off then decodes the batch plain).
+#: A batch's trees share this many verify rows per round: each running row gets
+#: ``BATCH_TREE_ROWS // rows`` rows (root included), since a wide batch already fills the target's
+#: forward; a share under ``BATCH_MIN_SHARE`` rows is a plain step. Measured on a 2-core Intel
+#: Xeon (Sapphire Rapids), SmolLM2-135M, Spec-Bench first turns, 64-96 new tokens, greedy: at 4
+#: rows a share of 4 per row beat 8 and 16 and plain decoding on translation (2.97 s against
+#: 3.33 s at 8 and 3.37 s plain); with 2 per row (one drafted node) the text draft ran at
+#: 0.80-1.00x plain decoding at 8 rows and 0.84-0.97x at 16 rows, in every task. So from 6 rows
+#: on a batch decodes plain until enough rows have finished.
 BATCH_TREE_ROWS = 16
+BATCH_MIN_SHARE = 3
 
 # --------------------------------------------------------------------------- engines
 #: ``engine="auto"`` keeps models smaller than this on the eager hf engine: the static engine's

@@ -443,3 +443,20 @@ def test_batch_stats(arch: str) -> None:
     assert sum(r.committed for r in stats.rounds) == stats.new_tokens
     assert stats.num_rounds == max(s.num_rounds for s in stats)
     assert all(r.verified_rows >= r.active and r.t_realign >= 0 for r in stats.rounds)
+
+
+# --------------------------------------------------------------------------- 7. the verify share
+
+
+def test_the_verify_share_shrinks_with_the_batch_down_to_plain_steps() -> None:
+    """Each running row's tree gets BATCH_TREE_ROWS // rows verify rows: 4 rows draft trees of at
+    most that size; 8 rows get a share under BATCH_MIN_SHARE and decode plain, exactly."""
+    share = dynatree.tuning.BATCH_TREE_ROWS // 4
+    assert share >= dynatree.tuning.BATCH_MIN_SHARE > dynatree.tuning.BATCH_TREE_ROWS // 8  # (the setup)
+    four = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
+    trees = [r.drafted for s in four.stats for r in s.rounds]
+    assert max(trees) == share - 1  # root + drafted nodes fill the share
+    eight = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6, 3, 7, 2, 5), 3, 16)
+    assert all(r.drafted == 0 for s in eight.stats for r in s.rounds)
+    assert eight.stats.rounds[0].verified_rows == 8
+    assert mismatches("llama", "dynatree", "perturbed", (4, 9, 1, 6, 3, 7, 2, 5), 3, 16) == []

@@ -47,7 +47,7 @@ from dynatree.loop.backoff import Backoff
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
-from dynatree.tuning import BATCH_TREE_ROWS
+from dynatree.tuning import BATCH_MIN_SHARE, BATCH_TREE_ROWS
 
 
 def row_generators(rows: int, seed: int | Sequence[int] | None, generator: torch.Generator | None) -> list[torch.Generator]:
@@ -154,7 +154,9 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         #    rows still running share it (outputs are the target's argmax whatever the trees).
         #    Sampled: the batch's size fixes each row's share for the whole run, so a row's trees,
         #    and with them its draws, do not depend on when its neighbours finish.
-        cap = max(2, run.tree_rows // (len(active) if run.sampling.greedy else len(rows)))
+        #    A share under BATCH_MIN_SHARE rows is 1: plain steps.
+        cap = run.tree_rows // (len(active) if run.sampling.greedy else len(rows))
+        cap = cap if cap >= BATCH_MIN_SHARE else 1
         trees, drafting, t_row, deepens = [], [], [], False
         speculate = run.backoff is None or run.backoff.should_draft()
         for i in active:

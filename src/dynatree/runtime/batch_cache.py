@@ -128,7 +128,11 @@ class BatchedKV:
         old = self.lengths
         new = [n + len(k) for n, k in zip(old, keep)]
         lo, hi = min(old), max(new)
-        if appended and self.rows:
+        in_place = all(n == self.width and list(k) == list(range(len(k))) for n, k in zip(old, keep))
+        if in_place:  # (every row keeps a prefix of its tree and no row has holes: a plain step, say)
+            for layer in self._layers():
+                layer.keys, layer.values = layer.keys[:, :, :hi], layer.values[:, :, :hi]
+        elif appended and self.rows:
             # dest column c of row b reads: c itself (below length[b], or a hole),
             # or the tree column of its kept node
             src = torch.arange(lo, hi).repeat(self.rows, 1)
