@@ -164,7 +164,7 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
             s = clock()
             builder = TreeBuilder(r.root, cap, depth_limit=run.max_new_tokens - len(r.out) - 1)
             deepens |= builder.depth_limit > 0
-            drafts = speculate and r.proposer is not None and builder.depth_limit > 0
+            drafts = speculate and cap > 1 and r.proposer is not None and builder.depth_limit > 0
             if drafts:
                 r.proposer.propose(builder)
             trees.append(builder.freeze())
