@@ -1,4 +1,4 @@
-"""Batched generation on Spec-Bench's questions: total generated tokens per second by batch size,
+"""Batched generation on Spec-Bench's questions (or the instruct sets): total generated tokens per second by batch size,
 our batched decoding against HF's batched ``generate`` in ONE run (issue 39, item 6).
 
     python benchmarks/batch/batch.py [--batch-sizes 1,4,8,16] [--max-new-tokens 96] [--threads 2]
@@ -7,7 +7,8 @@ our batched decoding against HF's batched ``generate`` in ONE run (issue 39, ite
 
 Prompts: the first turns of Spec-Bench's questions (the question file ships in the package) in
 SmolLM2's chat template; each batch holds B questions of ONE task (Spec-Bench reports per task),
-questions 1..B of that task. Per task and batch size every variant runs on the same batch, the
+questions 1..B of that task. ``--dataset instruct``: the project's six instruct sets instead (their
+held-out prompts, B of one category per batch), which copy far more of the prompt. Per task and batch size every variant runs on the same batch, the
 variants interleaved, ``--reps`` times (the best time is kept: a 2-core VM's background load only
 ever slows a run). Variants:
 
@@ -34,6 +35,7 @@ import torch
 import dynatree
 from dynatree import TextDraft
 from dynatree.bench import specbench_questions as sq
+from dynatree.bench.instruct import CATEGORIES, instruct_prompts
 from dynatree.bench.sysinfo import provenance
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from dynatree.loading.models import load_model, resolve_draft
@@ -89,7 +91,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--variants", default="hf,ar,text,hybrid")
-    ap.add_argument("--tasks", default="", help="comma-separated Spec-Bench tasks (default: all six)")
+    ap.add_argument("--dataset", default="spec-bench", choices=["spec-bench", "instruct"],
+                    help="Spec-Bench's first turns, or the project's six instruct sets (held-out prompts)")
+    ap.add_argument("--tasks", default="", help="comma-separated tasks or instruct categories (default: all six)")
     ap.add_argument("--out", default=str(Path(__file__).with_name("batch.jsonl")))
     ap.add_argument("--label", default="")
     args = ap.parse_args()
@@ -100,12 +104,17 @@ def main() -> None:
     target, tok = load_model(DEFAULT_TARGET)
     draft = resolve_draft(DEFAULT_DRAFT, target) if "hybrid" in args.variants else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    tasks = sq.by_task(sq.load_questions())
+    tasks = sq.by_task(sq.load_questions()) if args.dataset == "spec-bench" else {c: None for c in CATEGORIES}
     wanted = [t for t in args.tasks.split(",") if t] or list(tasks)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     n = args.max_new_tokens
 
     def prompts_of(task: str, size: int) -> list[list[int]]:
+        if tasks[task] is None:  # an instruct category
+            out = instruct_prompts(task, tok, n=size, max_prompt_tokens=args.max_prompt_tokens)
+            if len(out) < size:
+                raise SystemExit(f"{task} has fewer than {size} prompts within {args.max_prompt_tokens} tokens")
+            return out
         out = []
         for q in tasks[task]:
             ids = sq._render(tok, [{"role": "user", "content": q.turns[0]}])
@@ -139,7 +148,7 @@ def main() -> None:
         return out.sequences, elapsed, extra
 
     variants = args.variants.split(",")
-    meta = {"label": args.label, "threads": args.threads, "max_new_tokens": n, **provenance()}
+    meta = {"label": args.label, "dataset": args.dataset, "threads": args.threads, "max_new_tokens": n, **provenance()}
     with open(args.out, "a") as f:
         for size in sizes:
             for task in wanted:
