@@ -295,6 +295,17 @@ def test_unsupported_settings_are_refused(setting: dict) -> None:
     assert "\n" not in str(err.value)
 
 
+def test_a_sliding_window_target_is_refused_for_batches() -> None:
+    from tiny import window_model
+
+    target = window_model("mistral", 0)
+    with no_model_calls(target) as calls, pytest.raises(DynaTreeError) as err:
+        dynatree.generate(target, None, [[5, 6, 7], [8, 9]], max_new_tokens=4, stopping=stopping())
+    assert calls == []
+    assert "sliding-window attention: batches need a full-attention target" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 # -------------------------------------------------------------------------------------- 4. mutants
 
 
