@@ -15,7 +15,8 @@ ever slows a run). Variants:
 * ``hf``: HF ``generate``, greedy, left-padded batch with its attention mask (the reference);
 * ``ar``: ours, ``strategy="autoregressive"`` (plain batched decoding, our cache and mask);
 * ``text``: ours, ``draft=None`` (each row drafts from its own text);
-* ``hybrid``: ours, the shipped distilled draft and the text in one tree (the CLI's default).
+* ``hybrid``: ours, the shipped distilled draft and the text in one tree (the CLI's default);
+* ``model``: ours, the shipped distilled draft alone, DynaTree's tree (``generate(target, draft, ids)``'s default).
 
 Every variant's sequences are compared with HF's: the count of rows that differ is recorded
 (``mismatched_rows``). One JSON line per (task, batch size, variant): generated tokens, seconds,
@@ -102,7 +103,7 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     target, tok = load_model(DEFAULT_TARGET)
-    draft = resolve_draft(DEFAULT_DRAFT, target) if "hybrid" in args.variants else None
+    draft = resolve_draft(DEFAULT_DRAFT, target) if {"hybrid", "model"} & set(args.variants.split(",")) else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     tasks = sq.by_task(sq.load_questions()) if args.dataset == "spec-bench" else {c: None for c in CATEGORIES}
     wanted = [t for t in args.tasks.split(",") if t] or list(tasks)
@@ -136,6 +137,8 @@ def main() -> None:
                                     stopping=stopping)
         elif variant == "text":
             out = dynatree.generate(target, None, ids, attention_mask=mask, max_new_tokens=n, stopping=stopping)
+        elif variant == "model":
+            out = dynatree.generate(target, draft, ids, attention_mask=mask, max_new_tokens=n, stopping=stopping)
         else:
             out = dynatree.generate(target, TextDraft(model=draft), ids, attention_mask=mask, max_new_tokens=n,
                                     stopping=stopping)

@@ -137,9 +137,14 @@ def generate(
     policy = _policy(strategy, groups.strategy_options)
     check_causal_lm(target, "target")
     prompts = prompt_rows(input_ids, attention_mask, target)
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if stopping.stop_strings and tokenizer is None:
+        raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
+    stop_text = StopText(tokenizer, list(stopping.stop_strings)) if stopping.stop_strings else None
     if len(prompts) > 1:
-        return _generate_batch(target, draft, prompts, policy, max_new_tokens, sampling, options, stopping, seed,
-                               generator, tokenizer, truncate_prompt, allow_vocab_mismatch, backoff, on_round, trace,
+        return _generate_batch(target, draft, prompts, policy, max_new_tokens, sampling, options, stopping, stop_text,
+                               seed, generator, truncate_prompt, allow_vocab_mismatch, on_round, trace, backoff,
                                input_ids if isinstance(input_ids, torch.Tensor) else None)
     if isinstance(seed, Sequence) and len(seed) == 1:
         seed = seed[0]
@@ -149,8 +154,6 @@ def generate(
     if sync is not None:
         sync.share_generator(rng)
     prompt = prompts[0]
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     vocab = vocab_size(target)
     # draft=None: speculate from the text itself (the text proposer)
     proposer_cls = proposer_for(draft) if policy.uses_draft else None
@@ -163,9 +166,6 @@ def generate(
             streaming.check(m, depth, max_positions(m))
     else:
         prompt = _fit_positions(prompt, max_new_tokens, depth, models, truncate_prompt)
-    if stopping.stop_strings and tokenizer is None:
-        raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
-    stop_text = StopText(tokenizer, list(stopping.stop_strings)) if stopping.stop_strings else None
     options = resolve_options(options, target)
 
     with torch.inference_mode(), eval_mode(models):
@@ -402,21 +402,16 @@ class StopText:
 
 def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]], policy: DraftPolicy,
                     max_new_tokens: int, sampling: SamplingConfig, options: EngineOptions, stopping: StoppingConfig,
-                    seed: Any, generator: torch.Generator | None, tokenizer: Any, truncate_prompt: bool,
-                    allow_vocab_mismatch: bool, backoff: Any, on_round: Any, trace: Any,
+                    stop_text: StopText | None, seed: Any, generator: torch.Generator | None, truncate_prompt: bool,
+                    allow_vocab_mismatch: bool, on_round: Any, trace: Any, backoff: Any,
                     given: torch.Tensor | None) -> GenerationResult:
     """:func:`generate` for several prompts: the same checks per row, then :mod:`dynatree.loop.batch`."""
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     proposer_cls = proposer_for(draft) if policy.uses_draft else None
     tensor_parallel = distributed.RankSync.for_models(target, draft if policy.uses_draft else None) is not None
     batch.refuse(options, proposer_cls, on_round, trace, tensor_parallel)
     rngs = batch.row_generators(len(prompts), seed, generator)
     models, depth = _positioned(policy, target, draft, proposer_cls, max_new_tokens)
     prompts = [_fit_positions(p, max_new_tokens, depth, models, truncate_prompt) for p in prompts]
-    if stopping.stop_strings and tokenizer is None:
-        raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
-    stop_text = StopText(tokenizer, list(stopping.stop_strings)) if stopping.stop_strings else None
     options = resolve_options(options, target)
     vocab = vocab_size(target)
     with torch.inference_mode(), eval_mode(models):

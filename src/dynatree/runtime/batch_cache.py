@@ -147,7 +147,7 @@ class BatchedKV:
                     t[:, :, lo:hi] = region
                     setattr(layer, name, t[:, :, :hi])
         valid = torch.zeros(self.rows, hi, dtype=torch.bool)
-        valid[:, : self.width] = self.valid[:, : min(self.width, hi)]
+        valid[:, : self.width] = self.valid  # (hi >= width: every row commits at least its root)
         for i, (n, m) in enumerate(zip(old, new)):
             valid[i, n:m] = True
         self.valid, self.lengths = valid, new
