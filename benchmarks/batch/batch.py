@@ -39,7 +39,7 @@ from dynatree.bench import specbench_questions as sq
 from dynatree.bench.instruct import CATEGORIES, instruct_prompts
 from dynatree.bench.sysinfo import provenance
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from dynatree.loading.models import load_model, resolve_draft
+from dynatree.loading.models import load_model, parse_dtype, resolve_draft
 
 
 def batch_of(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,12 +97,15 @@ def main() -> None:
     ap.add_argument("--tasks", default="", help="comma-separated tasks or instruct categories (default: all six)")
     ap.add_argument("--out", default=str(Path(__file__).with_name("batch.jsonl")))
     ap.add_argument("--label", default="")
+    ap.add_argument("--target", default=DEFAULT_TARGET, help="preset, local path or .gguf file")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16")
     args = ap.parse_args()
     if args.table:
         print(table(args.table, args.label))
         return
     torch.set_num_threads(args.threads)
-    target, tok = load_model(DEFAULT_TARGET)
+    target, tok = load_model(args.target, device=args.device, dtype=parse_dtype(args.dtype))
     draft = resolve_draft(DEFAULT_DRAFT, target) if {"hybrid", "model"} & set(args.variants.split(",")) else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     tasks = sq.by_task(sq.load_questions()) if args.dataset == "spec-bench" else {c: None for c in CATEGORIES}
@@ -125,12 +128,23 @@ def main() -> None:
                 return out
         raise SystemExit(f"task {task} has fewer than {size} questions within {args.max_prompt_tokens} tokens")
 
+    cuda = torch.device(args.device).type == "cuda"
+
+    def sync() -> None:  # GPU work is asynchronous: a time is only read once it has finished
+        if cuda:
+            torch.cuda.synchronize()
+
     def run(variant: str, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float, dict]:
+        ids, mask = ids.to(args.device), mask.to(args.device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        sync()
         start = time.perf_counter()
         if variant == "hf":
             seq = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=0,
                                   pad_token_id=pad)
-            return seq, time.perf_counter() - start, {}
+            sync()
+            return seq.cpu(), time.perf_counter() - start, _gpu_peak(cuda)
         stopping = dynatree.StoppingConfig(pad_token_id=pad)
         if variant == "ar":
             out = dynatree.generate(target, None, ids, "autoregressive", attention_mask=mask, max_new_tokens=n,
@@ -142,16 +156,18 @@ def main() -> None:
         else:
             out = dynatree.generate(target, TextDraft(model=draft), ids, attention_mask=mask, max_new_tokens=n,
                                     stopping=stopping)
+        sync()
         elapsed = time.perf_counter() - start
         stats = out.stats if ids.shape[0] > 1 else None
-        extra = {"tokens_per_round": out.stats.mean_committed}
+        extra = {"tokens_per_round": out.stats.mean_committed, **_gpu_peak(cuda)}
         if stats is not None:
             extra.update(t_realign=stats.t_realign, t_verify=stats.summary()["t_verify"],
                          t_draft=stats.summary()["t_draft"], rounds=stats.num_rounds)
-        return out.sequences, elapsed, extra
+        return out.sequences.cpu(), elapsed, extra
 
     variants = args.variants.split(",")
-    meta = {"label": args.label, "dataset": args.dataset, "threads": args.threads, "max_new_tokens": n, **provenance()}
+    meta = {"label": args.label, "dataset": args.dataset, "threads": args.threads, "max_new_tokens": n,
+            "device": torch.cuda.get_device_name(args.device) if cuda else "cpu", "dtype": args.dtype, **provenance()}
     with open(args.out, "a") as f:
         for size in sizes:
             for task in wanted:
@@ -181,6 +197,11 @@ def main() -> None:
                     print(f"B={size:2d} {task:22s} {v:7s} {row['tokens_per_second']:6.1f} tok/s "
                           f"x{row['speedup_vs_hf'] or 0:.2f} HF  x{row['speedup_vs_ar'] or 0:.2f} AR  "
                           f"L={extra.get('tokens_per_round', 1):.2f} mismatched={row['mismatched_rows']}", flush=True)
+
+
+def _gpu_peak(cuda: bool) -> dict:
+    """The GPU memory the call peaked at (MB), on a GPU."""
+    return {"peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20} if cuda else {}
 
 
 def _eos_kept(new: torch.Tensor, pad: int) -> torch.Tensor:

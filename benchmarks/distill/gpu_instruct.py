@@ -57,7 +57,8 @@ from dynatree.training import distill as D  # noqa: E402
 from dynatree.training import features as F  # noqa: E402
 from dynatree.training import instruct as I  # noqa: E402
 from dynatree.training.config import DistillConfig  # noqa: E402
-from dynatree.training.data import LabelledData  # noqa: E402
+from dynatree.training.data import DATA_FILE, LabelledData  # noqa: E402
+from dynatree.training.labels import load_stamped, stamp  # noqa: E402
 
 SMOKE_MODULES = frozenset({"stdlib/textwrap", "stdlib/shlex", "stdlib/bisect", "stdlib/fnmatch", "stdlib/base64",
                            "stdlib/filecmp", "stdlib/heapq", "stdlib/colorsys"})
@@ -86,12 +87,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--kind", choices=("independent", "feature"), default="independent")
+    ap.add_argument("--data", choices=("instruct", "mix"), default="instruct", help="instruct answers only, or "
+                    "the mix: --instruct-fraction of the sequences instruct, the rest prose continuations")
+    ap.add_argument("--instruct-fraction", type=float, default=0.4, help="--data mix: the instruct share")
+    ap.add_argument("--corpora", default="", help="comma-separated corpora ('' = the data kind's default; "
+                    "wiki and books need the offline extra)")
+    ap.add_argument("--init", default="", help="independent drafts: a draft folder to start from (fine-tuning)")
     ap.add_argument("--feature-layers", default="", help="--kind feature: 'auto' (EAGLE-3's fused "
                     "low/middle/high layers; '' = auto), 'final' (the final hidden state) or layer numbers")
     ap.add_argument("--features-gb", type=float, default=16.0, help="--kind feature: the target's features of the "
                     "training side are held in memory and saved once; at most this many GB of them")
     ap.add_argument("--vocab-subset", type=int, default=4096)
     ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--label-speedup", type=float, default=1.25, help="how much faster a training sequence labels "
+                    "than a held-out instruct one, which the plan measures (one cold batch): 2.47x on the H200 "
+                    "(benchmarks/distill/h200-instruct); a mix's prose sequences decode 64 tokens, not 160, so "
+                    "about 1.5x more there. The default leaves slack: labelling has no deadline of its own")
     ap.add_argument("--train-share", type=float, default=0.35, help="share of the time left for training")
     ap.add_argument("--max-file-mb", type=float, default=15.5, help="weights are split into files below this")
     ap.add_argument("--smoke", action="store_true", help="tiny random target and sizes, on CPU")
@@ -294,29 +305,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.work.mkdir(parents=True, exist_ok=True)
     target, tok, target_name = load_target(args)
     t = mark("load_target", t_start)
-    cfg = DistillConfig(data="instruct", layers=args.layers, vocab_subset=args.vocab_subset, steps=args.steps,
+    cfg = DistillConfig(layers=args.layers, vocab_subset=args.vocab_subset, steps=args.steps,
                         batch=args.batch, seq_len=min(args.seq_len, args.max_prompt_tokens + args.answer_tokens),
                         lr=args.lr, train_sequences=args.train_sequences, eval_sequences=args.eval_sequences,
                         gen_batch=args.gen_batch, max_prompt_tokens=args.max_prompt_tokens,
                         answer_tokens=args.answer_tokens, eval_every=args.eval_every,
                         checkpoint_every=max(1, min(100, args.steps // 10)), warmup=min(50, args.steps // 10),
-                        kind=args.kind, feature_layers=args.feature_layers)
+                        kind=args.kind, feature_layers=args.feature_layers, data=args.data,
+                        instruct_fraction=args.instruct_fraction, corpora=args.corpora, init=args.init)
     if cfg.kind == "feature":
         cfg = dataclasses.replace(cfg, train_sequences=min(cfg.train_sequences,
                                                           feature_cap(target, cfg, args.features_gb)))
-    I.build_examples(tuple(cfg.corpus_names()), cfg.holdout_every, cfg.seed)
-    t = mark("build_requests", t)
-    evals = I.label_instruct_side(target, tok, cfg, cfg.eval_sequences, True, args.work, progress=False)
-    eval_s = time.monotonic() - t
+    # labels an earlier run left in --work under the same data settings (the other kind of draft,
+    # say) are reused: the plan then keeps every training sequence and counts no labelling time
+    saved = load_stamped(args.work / DATA_FILE, stamp(cfg, target))
+    if saved is not None:
+        evals, eval_s = LabelledData(**saved["eval"]), 0.0
+        t = mark("labels_reused", t)
+    else:
+        I.build_examples(tuple(cfg.corpus_names()), cfg.holdout_every, cfg.seed)
+        t = mark("build_requests", t)
+        evals = I.label_instruct_side(target, tok, cfg, cfg.eval_sequences, True, args.work, progress=False)
+        eval_s = time.monotonic() - t
+        t = mark("label_eval", t)
     eval_positions = int(evals.valid.sum())
-    t = mark("label_eval", t)
     step_s, features_per_seq = time_steps(target, tok, evals, cfg)
     t = mark("time_steps", t)
 
-    # the held-out side is one cold batch: the training side ran 1.6x faster per sequence in the
-    # H200 rehearsal, so 0.8x of the held-out time still leaves slack
-    per_seq = 0.8 * eval_s / max(1, len(evals)) + features_per_seq
-    n_train, steps = plan(deadline - time.monotonic() - 25.0, step_s, per_seq, cfg, args.train_share)
+    left = deadline - time.monotonic() - 25.0
+    if saved is not None:
+        n_train = cfg.train_sequences
+        steps = max(1, min(cfg.steps, int((left - n_train * features_per_seq) / (step_s * 1.15))))
+        per_seq = features_per_seq
+    else:
+        # the held-out side is one cold batch: the training side ran 1.6x faster per sequence in the
+        # H200 rehearsal and 2.47x in the real run (--label-speedup)
+        per_seq = eval_s / max(1, len(evals)) / args.label_speedup + features_per_seq
+        n_train, steps = plan(left, step_s, per_seq, cfg, args.train_share)
     cfg = dataclasses.replace(cfg, train_sequences=n_train, steps=steps,
                               checkpoint_every=max(1, min(100, steps // 10)), warmup=min(50, steps // 10),
                               eval_every=min(cfg.eval_every, steps))
@@ -355,7 +380,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "random_weights": args.smoke or args.random_target is not None,
         "budget_s": args.budget_s, "wall_s": round(time.monotonic() - t_start, 1), "phases_s": phases,
         "stopped_at_deadline": stopped_early, "config": dataclasses.asdict(cfg),
-        "label_rate": {"eval_positions": eval_positions, "eval_seconds": round(eval_s, 2),
+        "labels_reused": saved is not None, "label_rate": {"eval_positions": eval_positions, "eval_seconds": round(eval_s, 2),
                        "positions_per_s": round(eval_positions / max(eval_s, 1e-9), 1)},
         "train_positions": train_positions, "train_sequences_by_kind": kinds,
         "step_ms": round(step_s * 1000, 1), "eval": final_metrics["eval"], "files": files,
