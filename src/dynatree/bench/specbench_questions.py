@@ -255,12 +255,14 @@ def answer_text(tokenizer: Any, ids: Sequence[int]) -> str:
 
 
 def _question_prompts(question: Question, tokenizer: Any, max_prompt_tokens: int | None,
-                      answer: Answer | None, on_answer: Callable[[], None]) -> list[tuple[str, list[int]]] | None:
-    """(prompt id, ids) of each turn of ``question``; None if a turn is over the cap. A turn is
-    checked before the target answers it, so a question whose first turn is too long costs no answer."""
+                      answer: Answer | None, on_answer: Callable[[], None],
+                      first_turn: bool = False) -> list[tuple[str, list[int]]] | None:
+    """(prompt id, ids) of each turn of ``question`` (``first_turn``: of its first only); None if a
+    turn is over the cap. A turn is checked before the target answers it, so a question whose first
+    turn is too long costs no answer."""
     messages: list[dict[str, str]] = []
     out: list[tuple[str, list[int]]] = []
-    for turn, text in enumerate(question.turns, start=1):
+    for turn, text in enumerate(question.turns[:1] if first_turn else question.turns, start=1):
         if out:  # the target's answer to the previous turn joins the conversation
             if answer is None:
                 raise DynaTreeError(f"question {question.question_id} has {len(question.turns)} turns: building the "
@@ -276,16 +278,18 @@ def _question_prompts(question: Question, tokenizer: Any, max_prompt_tokens: int
 
 
 def specbench_prompts(name: str, tokenizer: Any, per_task: int, max_prompt_tokens: int | None = None,
-                      answer: Answer | None = None, *, progress: bool = False) -> list[tuple[str, list[int]]]:
+                      answer: Answer | None = None, *, progress: bool = False,
+                      first_turns: bool = False) -> list[tuple[str, list[int]]]:
     """(prompt id, ids) of the first ``per_task`` questions of each task (see the module docstring
     for the order, the cap and the later turns), interleaved task by task -- question 1 of every
     task, then question 2 ... -- each question's turns in a row, so that slow drifts of a machine
     hit every task alike. ``answer`` gives the target's greedy answer to a prompt
-    (:func:`greedy_answerer`); it is needed only for questions of several turns."""
+    (:func:`greedy_answerer`); it is needed only for questions of several turns. ``first_turns``:
+    each question's first turn only (batches, where a later turn would follow each row's own answer)."""
     if per_task < 1 or (max_prompt_tokens is not None and max_prompt_tokens < 1):
         raise DynaTreeError("questions per task and max_prompt_tokens must be at least 1")
     tasks = by_task(check(name, per_task))
-    answers = sum(len(q.turns) - 1 for items in tasks.values() for q in items[:per_task])
+    answers = 0 if first_turns else sum(len(q.turns) - 1 for items in tasks.values() for q in items[:per_task])
     bar = _Bar(progress and answers > 0, answers)
     chosen: dict[str, list[list[tuple[str, list[int]]]]] = {}
     with bar:
@@ -294,7 +298,7 @@ def specbench_prompts(name: str, tokenizer: Any, per_task: int, max_prompt_token
             for question in items:
                 if len(picked) == per_task:
                     break
-                prompts = _question_prompts(question, tokenizer, max_prompt_tokens, answer, bar.advance)
+                prompts = _question_prompts(question, tokenizer, max_prompt_tokens, answer, bar.advance, first_turns)
                 if prompts is not None:
                     picked.append(prompts)
             if len(picked) < per_task:

@@ -111,7 +111,8 @@ def _loaded(target: str, draft: str, dtype: str, device: str, needs_draft: bool
 
 
 def _prompts(run: RunArgs, tokenizer: Any, target: torch.nn.Module | None = None,
-             options: EngineOptions | None = None, max_new_tokens: int | None = None) -> list[Prompt]:
+             options: EngineOptions | None = None, max_new_tokens: int | None = None,
+             first_turns: bool = False) -> list[Prompt]:
     """The run's prompts as token ids with stable ids. Spec-Bench's later turns hold ``target``'s
     greedy answers to the earlier ones (``options``: the reference autoregressive spec's engine;
     ``max_new_tokens``: the answers' cap, the run's), built here once so every strategy sees the
@@ -125,7 +126,7 @@ def _prompts(run: RunArgs, tokenizer: Any, target: torch.nn.Module | None = None
         answer = (greedy_answerer(target, max_new_tokens or run.max_new_tokens, options)
                   if target is not None else None)
         pairs = specbench_prompts(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, answer,
-                                  progress=run.progress)
+                                  progress=run.progress, first_turns=first_turns)
         return [Prompt(id=prompt_id, ids=tuple(ids)) for prompt_id, ids in pairs]
     if is_instruct_set(run.dataset):  # the prompt id carries the category (instruct.row_category reads it)
         pairs = instruct_set(run.dataset, tokenizer, run.num_prompts, run.max_prompt_tokens, run.seed)
@@ -246,6 +247,11 @@ def bench(
     strategies: Annotated[str, typer.Option(help=STRATEGY_HELP)] = DEFAULT_STRATEGIES,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against AR); > 0 = lossless sampling (hf-assisted skipped).")] = 0.0,
     tp: Annotated[bool, typer.Option("--tp", help=TP_HELP + " Rank 0 writes --output and prints.")] = False,
+    batch_size: Annotated[str | None, typer.Option(help="Batched runs instead: B prompts of one task per call, e.g. 4 "
+                                                        "or 1,4,8,16; total tokens per second and speedup over our "
+                                                        "batched autoregressive decoding per task and B (greedy; "
+                                                        "MT-bench first turns; HF's assisted and prompt lookup "
+                                                        "refuse batches and are skipped).")] = None,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from dynatree.bench.runner import BenchSettings, run_bench
@@ -261,6 +267,9 @@ def bench(
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise DynaTreeError(f"--temperature must be a finite number >= 0, got {temperature}")
     _check_run(run)
+    if batch_size is not None:
+        _bench_batches(run, options, specs, batch_size, temperature, tp, strategies != DEFAULT_STRATEGIES)
+        return
     if run.draft == "none":  # hf-assisted needs a draft model: refused (or dropped) before loading the target
         specs = _drop_unsupported_hf(specs, None, explicit=strategies != DEFAULT_STRATEGIES)
     needs_draft = any(s.uses_draft for s in specs)
@@ -293,6 +302,46 @@ def bench(
             warmup_tokens=run.warmup_tokens, progress=progress))
     if lead:
         _finish([outcome], output)
+
+
+def _bench_batches(run: RunArgs, options: EngineOptions, specs: list[StrategySpec], batch_size: str,
+                   temperature: float, tp: bool, explicit: bool) -> None:
+    """``bench --batch-size``: :mod:`dynatree.bench.batches` on the run's prompts (checked first)."""
+    from dynatree.bench.batches import check_specs, parse_sizes, run_batches, tables
+    from dynatree.bench.sysinfo import provenance
+
+    sizes = parse_sizes(batch_size)
+    if tp or temperature > 0:
+        raise DynaTreeError("--batch-size runs greedy, on one process: drop --tp and --temperature")
+    if not explicit:  # the default line-up minus what cannot batch, plus HF's batched generate
+        specs = [s for s in specs if s.name != HF_ASSISTED]
+        from dynatree.bench.specs import parse_spec
+
+        specs.append(parse_spec("hf-generate"))
+    specs, notes = check_specs(specs)
+    if run.draft == "none":
+        specs = [s.without_model() if s.uses_draft else s for s in specs]
+    needs_draft = any(s.uses_draft for s in specs)
+    tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, run.device, needs_draft)
+    prompts = _prompts(run, tok, first_turns=True)  # (Spec-Bench: first turns, no answers needed)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    for note in notes:
+        typer.secho(note, err=True)
+    if run.overwrite and run.output.exists():
+        run.output.unlink()
+    import torch
+
+    meta = {"target": run.target, "draft": draft_name, "dataset": run.dataset, "max_new_tokens": run.max_new_tokens,
+            "dtype": run.dtype, "device": run.device, "threads": torch.get_num_threads(), **provenance()}
+    say = (lambda line: typer.echo(line, err=True)) if run.progress else (lambda line: None)
+    rows = run_batches(tmodel, dmodel, prompts, specs, sizes, max_new_tokens=run.max_new_tokens, pad_token_id=pad,
+                       options=options, output=run.output, meta=meta, progress=say)
+    typer.echo(tables(rows))
+    bad = sum(r["mismatched_rows"] for r in rows)
+    typer.secho(f"{len(rows)} row(s) appended to {run.output}; " + (
+        f"WARNING: {bad} row(s) differ from our batched autoregressive output" if bad else
+        "greedy check: every row reproduced our batched autoregressive output"),
+        fg=typer.colors.RED if bad else typer.colors.GREEN, err=True)
 
 
 @friendly_errors
