@@ -50,7 +50,9 @@ def test_ctrl_c_keeps_completed_rows_and_rerun_continues(saved_pair, tmp_path: P
            "--num-prompts", "6", "--max-prompt-tokens", "16", "--max-new-tokens", "400", "--warmup", "0",
            "--no-progress", "--threads", "1", "--output", str(out)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    # (SIGINT set back to its default in the child: a suite run in the background inherits it ignored)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Wait for two rows however slow the machine is (the bound only stops a hung run); each row
     # generates 400 tokens, so the run is still going when the signal lands, busy machine or not.
     deadline = time.time() + 900

@@ -48,6 +48,13 @@ def parrot() -> torch.nn.Module:
     return model
 
 
+def default_sigint() -> None:
+    """In the child, before exec: SIGINT back to its default. A suite started in the background by a
+    non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: Ctrl-C would never reach the CLI and the test would wait for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def parrots(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return save_pair(tmp_path_factory.mktemp("parrots"), parrot())
@@ -59,7 +66,8 @@ class Running:
     def __init__(self, argv: list[str], stdin: bytes | None = None) -> None:
         env = subprocess_env(PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "dynatree", *argv, "--threads", "1"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                     preexec_fn=default_sigint)
         self.out = bytearray()
         self.reader = threading.Thread(target=self._drain, daemon=True)
         self.reader.start()
@@ -82,8 +90,8 @@ class Running:
 
     def interrupt(self) -> tuple[int, str, str]:
         self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout=600)  # (a child that ignored the signal fails here, it does not hang)
         err = self.proc.stderr.read().decode()
-        code = self.proc.wait(timeout=600)
         self.reader.join(timeout=60)
         return code, self.out.decode("utf-8", "replace"), err
 
