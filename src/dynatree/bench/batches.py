@@ -12,8 +12,8 @@ each row's own first answer, which is the per-prompt bench's job.
 
 One JSON line per (batch size, task, spec): generated tokens, seconds, tokens per second, speedup
 over our batched autoregressive decoding and over HF's batched ``generate`` of the same batch,
-tokens per round, the rows whose output differs from the reference, peak memory (resident set on
-CPU, allocated on a GPU). :func:`tables` gives Spec-Bench's layout per batch size: each spec's
+tokens per round, the rows whose output differs from the reference, peak memory of the call
+(resident set on CPU, reset per call on Linux; allocated on a GPU). :func:`tables` gives Spec-Bench's layout per batch size: each spec's
 speedup per task, then the mean over tasks.
 """
 
@@ -112,9 +112,28 @@ def check_specs(specs: Sequence[StrategySpec]) -> tuple[list[StrategySpec], list
     return keep, notes
 
 
+def _reset_peak(device: torch.device) -> None:
+    """Start a new peak: the GPU allocator's, or on Linux the process's resident peak (VmHWM;
+    writing 5 to /proc/self/clear_refs resets it). Elsewhere the CPU peak stays the process's."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def _peak(device: torch.device) -> float:
+    """MB: allocated on the GPU, else resident (VmHWM since :func:`_reset_peak`, or ru_maxrss)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -123,8 +142,8 @@ def run_one(target: torch.nn.Module, draft: torch.nn.Module | None, spec: Strate
     """(new tokens [B, <= max_new_tokens], seconds, extra fields) of one spec on one batch."""
     device = target.device
     ids, mask = batch.ids.to(device), batch.mask.to(device)
+    _reset_peak(device)
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     extra: dict[str, Any] = {}
