@@ -36,21 +36,11 @@ import torch
 import dynatree
 from dynatree import TextDraft
 from dynatree.bench import specbench_questions as sq
+from dynatree.bench.batches import differs, generated, left_pad
 from dynatree.bench.instruct import CATEGORIES, instruct_prompts
 from dynatree.bench.sysinfo import provenance
 from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from dynatree.loading.models import load_model, parse_dtype, resolve_draft
-
-
-def batch_of(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids (pad 0) and their attention mask, HF's batch layout."""
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p):] = torch.tensor(p)
-        mask[b, width - len(p):] = 1
-    return ids, mask
 
 
 def table(path: str, label: str = "") -> str:
@@ -171,7 +161,7 @@ def main() -> None:
     with open(args.out, "a") as f:
         for size in sizes:
             for task in wanted:
-                ids, mask = batch_of(prompts_of(task, size))
+                ids, mask = left_pad(prompts_of(task, size), 0)
                 run("hf", ids[:, -8:], mask[:, -8:])  # (warm-up: first calls allocate)
                 best: dict[str, tuple] = {}
                 for _ in range(args.reps):
@@ -182,14 +172,13 @@ def main() -> None:
                 ref = best["hf"][0] if "hf" in best else None
                 for v in variants:
                     seq, sec, extra = best[v]
-                    new = int(((seq[:, ids.shape[1]:] != pad) | _eos_kept(seq[:, ids.shape[1]:], pad)).sum())
+                    new = generated(seq[:, ids.shape[1]:], pad)
                     row = {"task": task, "batch_size": size, "variant": v, "new_tokens": new, "seconds": sec,
                            "tokens_per_second": new / sec,
                            "speedup_vs_ar": best["ar"][1] / sec if "ar" in best else None,
                            "speedup_vs_hf": best["hf"][1] / sec if "hf" in best else None,
                            "mismatched_rows": (None if ref is None else
-                                               int(sum(not torch.equal(a[: len(b)], b[: len(a)]) for a, b in
-                                                       zip(seq[:, ids.shape[1]:], ref[:, ids.shape[1]:])))),
+                                               differs(seq[:, ids.shape[1]:], ref[:, ids.shape[1]:])),
                            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                            **extra, **meta}
                     f.write(json.dumps(row) + "\n")
@@ -202,15 +191,6 @@ def main() -> None:
 def _gpu_peak(cuda: bool) -> dict:
     """The GPU memory the call peaked at (MB), on a GPU."""
     return {"peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20} if cuda else {}
-
-
-def _eos_kept(new: torch.Tensor, pad: int) -> torch.Tensor:
-    """The first pad-valued token of each row when the pad token is the EOS token (it was generated)."""
-    first = torch.zeros_like(new, dtype=torch.bool)
-    hits = (new == pad).int().argmax(1)
-    has = (new == pad).any(1)
-    first[torch.arange(len(new))[has], hits[has]] = True
-    return first
 
 
 if __name__ == "__main__":

@@ -64,6 +64,17 @@ def first_turns(prompts: Sequence[Prompt]) -> list[Prompt]:
     return [p for p in prompts if ":t" not in p.id or ":t1:" in p.id]
 
 
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's batch layout: ids left-padded to the longest prompt, and their attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        mask[b, width - len(p):] = 1
+    return ids, mask
+
+
 def batches(prompts: Sequence[Prompt], size: int, pad_token_id: int) -> list[Batch]:
     """Per task in order of appearance, consecutive groups of ``size`` prompts (a short last group
     is left out: every batch of the table holds B rows)."""
@@ -74,13 +85,7 @@ def batches(prompts: Sequence[Prompt], size: int, pad_token_id: int) -> list[Bat
     for task, group in by_task.items():
         for i in range(0, len(group) - size + 1, size):
             chunk = group[i:i + size]
-            width = max(len(p.ids) for p in chunk)
-            ids = torch.full((size, width), pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for b, p in enumerate(chunk):
-                ids[b, width - len(p.ids):] = torch.tensor(p.ids)
-                mask[b, width - len(p.ids):] = 1
-            out.append(Batch(task, tuple(chunk), ids, mask))
+            out.append(Batch(task, tuple(chunk), *left_pad([p.ids for p in chunk], pad_token_id)))
     if not out:
         raise DynaTreeError(f"no task has {size} prompts for a batch of {size}: raise --num-prompts "
                             f"(for spec-bench, questions per task) or lower --batch-size")

@@ -308,23 +308,22 @@ def _bench_batches(run: RunArgs, options: EngineOptions, specs: list[StrategySpe
                    temperature: float, tp: bool, explicit: bool) -> None:
     """``bench --batch-size``: :mod:`dynatree.bench.batches` on the run's prompts (checked first)."""
     from dynatree.bench.batches import check_specs, parse_sizes, run_batches, tables
+    from dynatree.bench.specs import parse_spec
     from dynatree.bench.sysinfo import provenance
+    from dynatree.loop.batch import pad_token
 
     sizes = parse_sizes(batch_size)
     if tp or temperature > 0:
         raise DynaTreeError("--batch-size runs greedy, on one process: drop --tp and --temperature")
     if not explicit:  # the default line-up minus what cannot batch, plus HF's batched generate
-        specs = [s for s in specs if s.name != HF_ASSISTED]
-        from dynatree.bench.specs import parse_spec
-
-        specs.append(parse_spec("hf-generate"))
+        specs = [s for s in specs if s.name != HF_ASSISTED] + [parse_spec("hf-generate")]
     specs, notes = check_specs(specs)
     if run.draft == "none":
         specs = [s.without_model() if s.uses_draft else s for s in specs]
     needs_draft = any(s.uses_draft for s in specs)
     tmodel, dmodel, tok, draft_name = _loaded(run.target, run.draft, run.dtype, run.device, needs_draft)
     prompts = _prompts(run, tok, first_turns=True)  # (Spec-Bench: first turns, no answers needed)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad = pad_token(tmodel, tok.pad_token_id, tok.eos_token_id)  # (HF's rule, as generate's own)
     for note in notes:
         typer.secho(note, err=True)
     if run.overwrite and run.output.exists():
