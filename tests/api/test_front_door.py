@@ -99,7 +99,7 @@ def refused(call: Callable[[], Any], *models: torch.nn.Module) -> str:
 def test_a_model_that_is_no_causal_lm_is_refused_before_any_call(kind: str, role: str) -> None:
     bad, good = wrong(kind), llama()
     target, draft = (bad, good) if role == "target" else (good, bad)
-    message = refused(lambda: dynatree.generate(target, draft, IDS, "linear", max_new_tokens=4, k=2), bad, good)
+    message = refused(lambda: dynatree.generate(target, draft, IDS, "linear", max_new_tokens=4, k=2, text=False), bad, good)
     assert message.startswith(WRONG_KINDS[kind][1].format(role=role))
 
 
@@ -167,13 +167,14 @@ def test_hf_entry_refuses_an_encoder_decoder_before_its_encoder_runs(route: str)
 @pytest.mark.parametrize("route", ["callable", "direct"])
 def test_hf_entry_refuses_an_assistant_model_that_is_no_causal_lm(kind: str, route: str) -> None:
     bad, target = wrong(kind), llama()
-    if route == "callable":
-        call = functools.partial(target.generate, IDS, assistant_model=bad, custom_generate=dynatree.hf.generate,
+    if route == "callable":  # (the draft's keyword there: HF does not pass assistant_model on to a callable)
+        call = functools.partial(target.generate, IDS, draft=bad, custom_generate=dynatree.hf.generate,
                                  max_new_tokens=3, pad_token_id=0)
     else:
         call = functools.partial(dynatree.hf.generate, target, IDS, assistant_model=bad, max_new_tokens=3,
                                  pad_token_id=0)
-    assert refused(call, bad, target).startswith(WRONG_KINDS[kind][1].format(role="assistant_model"))
+    role = "draft" if route == "callable" else "assistant_model"
+    assert refused(call, bad, target).startswith(WRONG_KINDS[kind][1].format(role=role))
 
 
 @pytest.mark.parametrize("ids, message", [

@@ -2,8 +2,8 @@
 
 Greedy output must equal plain HF greedy ``target.generate(ids, do_sample=False)`` token for token,
 through both of HF's routes (a callable, and the repository's ``custom_generate/`` folder, which
-HF calls with raw arguments); streamers must see tokens round by round; what the engine cannot
-reproduce must be refused with one line.
+HF calls with raw arguments, and a direct call); streamers must see tokens round by round; what the
+engine cannot reproduce must be refused with one line.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_callable_equals_hf_greedy(arch: str, strategy: str) -> None:
     target, draft = pair(arch)
     ids = prompt()
     ref = hf_reference(target, ids, 40, eos_token_id=None)
-    out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, strategy=strategy,
+    out = target.generate(ids, draft=draft, custom_generate=dynatree.integrations.hf.generate, strategy=strategy,
                           strategy_options=OPTIONS.get(strategy), max_new_tokens=40, do_sample=False,
                           eos_token_id=None, pad_token_id=0)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.long
@@ -83,7 +83,7 @@ def test_eos_from_generation_config_as_hf() -> None:
     target.generation_config.eos_token_id = eos
     try:
         ref = hf_reference(target, ids, 30)
-        out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=30,
+        out = target.generate(ids, draft=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=30,
                               pad_token_id=0, strategy_options=OPTIONS["dynatree"])
     finally:
         target.generation_config.eos_token_id = old
@@ -102,7 +102,7 @@ def test_generation_arguments_reach_the_engine(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(dynatree.integrations.hf, "_engine_generate", record)
     monkeypatch.setattr(target.generation_config, "top_k", 7)
     with pytest.raises(DynaTreeError, match="recorded"):
-        target.generate(prompt(3), assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, strategy="linear",
+        target.generate(prompt(3), draft=draft, custom_generate=dynatree.integrations.hf.generate, strategy="linear",
                         strategy_options={"k": 2}, do_sample=True, temperature=0.7, top_p=0.9, max_new_tokens=11,
                         eos_token_id=[5, 6], engine_options={"seed": 3})
     assert seen["strategy"] == "linear" and seen["k"] == 2 and seen["seed"] == 3
@@ -127,15 +127,19 @@ class Recorder(BaseStreamer):
         self.ends += 1
 
 
-@pytest.mark.parametrize("route", ["callable", "folder"])
+@pytest.mark.parametrize("route", ["direct", "folder"])
 def test_streamer_gets_each_round_before_the_end(route: str) -> None:
+    """Both routes that receive generate's raw arguments stream (the callable route is handed no
+    streamer by transformers)."""
     target, draft = pair()
     ids = prompt(5, 4)
     rec = Recorder()
-    where = dynatree.integrations.hf.generate if route == "callable" else str(REPO)
-    out = target.generate(ids, assistant_model=draft, custom_generate=where, trust_remote_code=True,
-                          streamer=rec, max_new_tokens=30, eos_token_id=None, pad_token_id=0,
-                          strategy_options=OPTIONS["dynatree"])
+    args = dict(assistant_model=draft, streamer=rec, max_new_tokens=30, eos_token_id=None, pad_token_id=0,
+                strategy_options=OPTIONS["dynatree"])
+    if route == "direct":
+        out = dynatree.integrations.hf.generate(target, ids, **args)
+    else:
+        out = target.generate(ids, custom_generate=str(REPO), trust_remote_code=True, **args)
     assert rec.puts[0] == ids[0].tolist()  # the prompt first, as HF's own loops do
     rounds = rec.puts[1:]
     assert len(rounds) == out.stats.num_rounds >= 3
@@ -153,8 +157,8 @@ def test_text_iterator_streamer_in_a_thread() -> None:
     box: dict = {}
 
     def work() -> None:
-        box["out"] = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate,
-                                     streamer=streamer, max_new_tokens=40, eos_token_id=None, pad_token_id=0)
+        box["out"] = dynatree.integrations.hf.generate(target, ids, assistant_model=draft, streamer=streamer,
+                                                       max_new_tokens=40, eos_token_id=None, pad_token_id=0)
 
     thread = threading.Thread(target=work)
     thread.start()
@@ -178,16 +182,21 @@ def test_stop_strings_match_hf_through_the_folder() -> None:
 
 
 def test_stop_strings_with_the_callable_need_a_tokenizer_source() -> None:
-    """HF drops tokenizer= on the callable route: a TextStreamer's tokenizer is used, else one line."""
+    """HF drops tokenizer= on the callable route: one line names the routes that keep it, and the
+    direct call with tokenizer= stops where HF does."""
     target, draft = pair()
+    tok = tiny_tokenizer()
     ids = prompt(5, 3)
-    with pytest.raises(DynaTreeError, match="stop_strings need a tokenizer"):
-        target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=10,
-                        stop_strings=["x"], tokenizer=tiny_tokenizer(), pad_token_id=0)
-    streamer = TextIteratorStreamer(tiny_tokenizer(), skip_prompt=True)
-    out = target.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=10,
-                          stop_strings=["x"], streamer=streamer, eos_token_id=None, pad_token_id=0)
-    assert out.shape[1] > 5
+    with pytest.raises(DynaTreeError, match=r"stop_strings need a tokenizer.*dynatree\.hf\.generate\(model, ids"):
+        target.generate(ids, draft=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=10,
+                        stop_strings=["x"], tokenizer=tok, pad_token_id=0)
+    free = hf_reference(target, ids, 40, eos_token_id=None)
+    text = tok.decode(free[0, 5:])
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    ref = hf_reference(target, ids, 40, eos_token_id=None, stop_strings=[stop], tokenizer=tok)
+    out = dynatree.integrations.hf.generate(target, ids, assistant_model=draft, max_new_tokens=40, eos_token_id=None,
+                                            pad_token_id=0, stop_strings=[stop], tokenizer=tok)
+    assert ref.shape[1] < free.shape[1] and torch.equal(out, ref)
 
 
 @pytest.mark.parametrize(
@@ -203,9 +212,9 @@ def test_stop_strings_with_the_callable_need_a_tokenizer_source() -> None:
 )
 def test_unsupported_arguments_are_refused(kwargs: dict, message: str) -> None:
     target, draft = pair()
-    # (HF itself refuses num_return_sequences with an assistant model, with a ValueError of one line)
+    # (with draft= HF does not know of a draft model, so the refusals are ours: one line, a ValueError)
     with pytest.raises(ValueError, match=message) as err:
-        target.generate(prompt(4), assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=5,
+        target.generate(prompt(4), draft=draft, custom_generate=dynatree.integrations.hf.generate, max_new_tokens=5,
                         pad_token_id=0, **kwargs)
     assert "\n" not in str(err.value)
 
@@ -223,7 +232,7 @@ def test_a_left_padded_batch_equals_hf_batched_greedy(route: str) -> None:
     ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, eos_token_id=None,
                           pad_token_id=0)
     if route == "callable":
-        out = target.generate(ids, attention_mask=mask, assistant_model=draft, custom_generate=dynatree.hf.generate,
+        out = target.generate(ids, attention_mask=mask, draft=draft, custom_generate=dynatree.hf.generate,
                               max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     else:
         out = dynatree.hf.generate(target, ids, attention_mask=mask, assistant_model=draft, max_new_tokens=12,
@@ -237,7 +246,7 @@ def test_a_right_padded_batch_and_a_batch_streamer_are_refused() -> None:
     hf = dynatree.integrations.hf.generate
     ids = torch.cat([prompt(4, 1), prompt(4, 2)])
     with pytest.raises(DynaTreeError, match="row 0 of attention_mask is not left-padded"):
-        target.generate(ids, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), assistant_model=draft,
+        target.generate(ids, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), draft=draft,
                         custom_generate=hf, max_new_tokens=5, pad_token_id=0)
 
     class Streamer:
@@ -245,7 +254,7 @@ def test_a_right_padded_batch_and_a_batch_streamer_are_refused() -> None:
         def end(self): ...
 
     with pytest.raises(DynaTreeError, match="a streamer follows one prompt"):
-        target.generate(ids, streamer=Streamer(), custom_generate=hf, max_new_tokens=5, pad_token_id=0)
+        hf(target, ids, streamer=Streamer(), max_new_tokens=5, pad_token_id=0)  # (the callable route gets no streamer)
     # autoregressive needs no draft and still equals HF
     out = target.generate(prompt(4), custom_generate=hf, strategy="autoregressive", max_new_tokens=8,
                           eos_token_id=None, pad_token_id=0)
@@ -269,12 +278,16 @@ def test_no_assistant_model_drafts_from_the_text_and_equals_hf_greedy(route: str
     assert out.stats.strategy == "dynatree" and sum(r.drafted for r in out.stats.rounds) > 0
 
 
-def test_an_unrecognised_hf_call_is_one_line_not_a_silent_loss(monkeypatch: pytest.MonkeyPatch) -> None:
-    """If a transformers release calls the callable from somewhere we do not find, the draft and
-    streamer HF dropped cannot be recovered: one line says so, instead of running without them."""
+def test_the_draft_is_given_once() -> None:
+    """draft= (the callable route's keyword) and assistant_model= (generate's) name the same model:
+    both at once is refused in one line, on a direct call as on the callable route."""
     target, draft = pair()
-    monkeypatch.setattr(dynatree.integrations.hf, "_calling_generate", lambda model: None)
-    with pytest.raises(DynaTreeError, match="does not recognise") as err:
-        target.generate(prompt(4), assistant_model=draft, custom_generate=dynatree.integrations.hf.generate,
-                        max_new_tokens=5, pad_token_id=0)
+    with pytest.raises(DynaTreeError, match="given twice") as err:
+        dynatree.integrations.hf.generate(target, prompt(4), draft=draft, assistant_model=draft, max_new_tokens=5)
     assert "\n" not in str(err.value)
+    # a direct call takes draft= too, and equals HF greedy
+    ids = prompt(5, 6)
+    out = dynatree.integrations.hf.generate(target, ids, draft=draft, max_new_tokens=20, eos_token_id=None,
+                                            pad_token_id=0, strategy_options=OPTIONS["dynatree"])
+    assert torch.equal(out, hf_reference(target, ids, 20, eos_token_id=None))
+    assert sum(r.draft_calls for r in out.stats.rounds) > 0  # the model drafted (with the text, in one tree)

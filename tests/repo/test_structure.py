@@ -205,3 +205,28 @@ def test_the_public_names_load_and_are_the_library_s_own() -> None:
     assert dynatree.DraftPolicy is DraftPolicy and dynatree.TreeBuilder is TreeBuilder
     for name in dynatree.__all__:
         assert getattr(dynatree, name) is not None, name
+
+
+FRAME_READS = ("_getframe", "currentframe", "f_locals", "f_back", "inspect.stack")
+
+
+def frame_reads(root: Path) -> list[str]:
+    """``file:line name`` for every attribute or call in ``root``'s code that reads a stack frame
+    (a caller's locals are state the caller never handed over)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in FRAME_READS or (name == "stack" and isinstance(node, ast.Attribute)
+                                       and isinstance(node.value, ast.Name) and node.value.id == "inspect"):
+                found.append(f"{path.relative_to(root)}:{node.lineno} {name}")
+    return found
+
+
+def test_the_package_reads_no_stack_frame() -> None:
+    assert frame_reads(SRC) == []
+
+
+def test_the_frame_check_finds_a_frame_read(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("import sys\n\ndef caller():\n    return sys._getframe(1).f_locals\n")
+    assert frame_reads(tmp_path) == ["m.py:4 f_locals", "m.py:4 _getframe"]

@@ -1,19 +1,22 @@
 """Tree speculation behind HF's own ``generate``: ``model.generate(..., custom_generate=...)``.
 
 transformers 5.x lets ``GenerationMixin.generate`` hand its decoding loop to a user function, in
-two ways that call it differently:
+two ways that call it differently (this module follows both contracts as transformers 5.0 to 5.23,
+the range ``pyproject.toml`` allows, define them; it reads no caller's stack frame):
 
-* ``custom_generate=dynatree.integrations.hf.generate`` (a callable): HF first merges ``generation_config``
+* ``custom_generate=dynatree.hf.generate`` (a callable): HF first merges ``generation_config``
   with the keyword arguments, builds its logits processors and stopping criteria, puts the prompt
   into the streamer, then calls the function like its own ``_sample(model, input_ids, ...)``. It
-  passes on only arguments the function declares that ``_sample`` lacks, and it *drops*
-  ``assistant_model``, ``streamer`` and ``tokenizer`` on the way. We read the first two back
-  from HF's ``generate`` frame (they are its named parameters); ``tokenizer`` is gone, so for
-  ``stop_strings`` we fall back to the streamer's tokenizer.
+  passes on the keywords the function declares that ``_sample`` lacks (``draft=``, ``strategy=``,
+  ...), and none of ``generate``'s own ``assistant_model``, ``streamer`` and ``tokenizer``
+  (``GenerationMixin._extract_generation_mode_kwargs``). So on this route the draft model is
+  ``draft=``; streaming and ``stop_strings`` (which need the tokenizer) take one of the two
+  routes below.
 * ``custom_generate="path/to/this/repository"`` (with ``trust_remote_code=True``): HF loads
   ``custom_generate/generate.py``, which re-exports this function, and calls it with *all* of
   ``generate``'s raw arguments. We then run HF's ``generate`` ourselves with a closure as the
-  callable, so the same preparation applies and nothing is dropped.
+  callable, so the same preparation applies and nothing is dropped. A direct call,
+  ``dynatree.hf.generate(model, ids, ...)`` with ``generate``'s arguments, does the same.
 
 Both end in :func:`dynatree.generate`, the one decoding loop. What that loop cannot reproduce
 exactly (beams, repetition penalties, ...) is refused with one line, not ignored.
@@ -21,7 +24,6 @@ exactly (beams, repetition penalties, ...) is refused with one line, not ignored
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any
@@ -96,6 +98,7 @@ def generate(
     negative_prompt_ids: torch.Tensor | None = None,
     negative_prompt_attention_mask: torch.Tensor | None = None,
     *,
+    draft: torch.nn.Module | None = None,
     strategy: str | DraftPolicy = "dynatree",
     strategy_options: dict[str, Any] | None = None,
     engine_options: dict[str, Any] | None = None,
@@ -104,13 +107,18 @@ def generate(
     tokenizer: Any = None,
     **kwargs: Any,
 ) -> torch.LongTensor | DynaTreeGenerateOutput:
-    """``model.generate(ids, assistant_model=draft, custom_generate=dynatree.integrations.hf.generate, ...)``.
+    """``model.generate(ids, custom_generate=dynatree.hf.generate, draft=draft, ...)``.
 
-    Without ``assistant_model`` the tree is drafted from the text itself (the prompt and what has
-    been generated so far): a speedup with no second model. Takes the usual ``generate``
-    arguments (and a ``generation_config``) with HF's precedence, plus:
+    Without a draft model the tree is drafted from the text itself (the prompt and what has been
+    generated so far): a speedup with no second model; with one, the model and the text draft in
+    one tree (``engine_options={"text": False}``: the model's tree alone). Takes the usual
+    ``generate`` arguments (and a ``generation_config``) with HF's precedence, plus:
 
     Args:
+        draft: the draft model (a causal LM over the target's vocabulary). On the callable route
+            this is the way to give it: transformers does not pass ``assistant_model`` on to a
+            callable ``custom_generate``. A direct call and the ``custom_generate/`` folder take
+            ``assistant_model=`` too (one of the two).
         strategy: ``"dynatree"`` (default), ``"linear"``, ``"fixed"``, ``"dyspec"``,
             ``"dyspec-threshold"``, ``"autoregressive"``, or a policy object.
         strategy_options: the strategy's config fields, e.g. ``{"k": 4}`` for ``linear``. A dict
@@ -127,40 +135,28 @@ def generate(
         :class:`DynaTreeGenerateOutput` (a ``GenerateDecoderOnlyOutput`` with ``.stats``).
     """
     ours = dict(strategy=strategy, strategy_options=strategy_options, engine_options=engine_options, trace=trace)
-    hf_frame = _calling_generate(model)
-    if hf_frame is not None:
-        # Called by HF as its decoding method: everything is prepared, some arguments were dropped.
-        assistant_model = assistant_model if assistant_model is not None else hf_frame.get("assistant_model")
-        streamer = streamer if streamer is not None else hf_frame.get("streamer")
-        if tokenizer is None:
-            tokenizer = getattr(streamer, "tokenizer", None)
+    if draft is not None and assistant_model is not None:
+        raise DynaTreeError("the draft model was given twice (draft= and assistant_model=): pass one")
+    role = "draft" if draft is not None else "assistant_model"  # (refusals name the keyword the user wrote)
+    draft = draft if draft is not None else assistant_model
+    if _prepared_by_hf(logits_processor, stopping_criteria, generation_config, kwargs):
+        # HF's callable route: everything is prepared; assistant_model, streamer and tokenizer were
+        # not passed on (draft= was: it is ours), so none of them is here.
         return _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs,
-                    assistant_model, streamer, tokenizer, stop_strings, **ours)
-
-    if isinstance(logits_processor, lp.LogitsProcessorList) and isinstance(generation_config, GenerationConfig):
-        # HF prepared this call (its callable path) but its frame was not where we look: a
-        # transformers release that calls custom_generate differently. Running on would silently
-        # lose assistant_model and streamer; say so in one line instead.
-        import transformers
-
-        raise DynaTreeError(
-            f"transformers {transformers.__version__} called custom_generate in a way dynatree does not recognise "
-            "(its generate frame was not found), so assistant_model and streamer cannot be recovered; use the "
-            "custom_generate/ folder (custom_generate=\"<dynatree checkout>\", trust_remote_code=True) or "
-            "dynatree.generate directly")
+                    draft, streamer, tokenizer, stop_strings, **ours)
 
     # Raw generate() arguments (the custom_generate/ folder, or a direct call): let HF prepare them,
     # with a closure that keeps what its callable path would drop. The models' kinds and the ids'
     # form first: HF's preparation runs an encoder-decoder's encoder, and meets a list of ids with
     # an AttributeError.
-    _front_door(model, assistant_model, inputs if inputs is not None else kwargs.get("input_ids"))
+    _front_door(model, draft, role, inputs if inputs is not None else kwargs.get("input_ids"))
     if isinstance(stop_strings, str):
         stop_strings = [stop_strings]
 
     def decode(model: Any, input_ids: torch.Tensor, logits_processor: Any = None, stopping_criteria: Any = None,
                generation_config: GenerationConfig | None = None, **model_kwargs: Any) -> Any:
         return _run(model, input_ids, generation_config, logits_processor, stopping_criteria, model_kwargs,
-                    assistant_model, streamer, tokenizer, stop_strings, **ours)
+                    draft, streamer, tokenizer, stop_strings, **ours)
 
     return GenerationMixin.generate(
         model, inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
@@ -169,13 +165,13 @@ def generate(
     )
 
 
-def _front_door(model: Any, assistant_model: Any, ids: Any) -> None:
-    """What a direct call is refused for before HF prepares anything: a target or assistant_model
+def _front_door(model: Any, draft: Any, role: str, ids: Any) -> None:
+    """What a direct call is refused for before HF prepares anything: a target or draft
     that is not a causal LM, and ids that are not HF's ``[batch, length]`` tensor (their values are
     the engine's to check, :func:`dynatree.runtime.inputs.prompt_ids`, still before any model call)."""
     check_causal_lm(model, "target")
-    if assistant_model is not None:
-        check_causal_lm(assistant_model, "assistant_model")
+    if draft is not None:
+        check_causal_lm(draft, role)
     if ids is not None and not isinstance(ids, torch.Tensor):
         raise DynaTreeError(f"inputs must be a [B, L] tensor of token ids, as for HF's generate, got a "
                             f"{type(ids).__name__}")
@@ -184,23 +180,13 @@ def _front_door(model: Any, assistant_model: Any, ids: Any) -> None:
                             f"{tuple(ids.shape)}")
 
 
-def _calling_generate(model: Any) -> dict[str, Any] | None:
-    """Locals of the HF ``generate`` call that invoked us as a *callable* ``custom_generate``.
-
-    Identified by its own locals (``self`` is our model, ``custom_generate`` a callable) rather than
-    by code object, so models that override ``generate`` and call ``super()`` are found too. When
-    HF loaded us from the ``custom_generate/`` folder, that local is a string: raw arguments.
-    """
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return None
-        local = frame.f_locals
-        if (frame.f_code.co_name == "generate" and local.get("self") is model
-                and callable(local.get("custom_generate")) and not isinstance(local.get("custom_generate"), str)):
-            return local
-        frame = frame.f_back
-    return None
+def _prepared_by_hf(processors: Any, criteria: Any, config: Any, model_kwargs: dict[str, Any]) -> bool:
+    """Whether HF's ``generate`` prepared this call and calls us as its decoding method (the
+    callable route): it then passes its built processor and criteria lists, the merged
+    ``generation_config`` and model keywords that always include ``use_cache``. A direct call
+    with raw arguments has not all four, so HF prepares it first."""
+    return (isinstance(processors, lp.LogitsProcessorList) and isinstance(criteria, sc.StoppingCriteriaList)
+            and isinstance(config, GenerationConfig) and "use_cache" in model_kwargs)
 
 
 def _run(
@@ -223,12 +209,12 @@ def _run(
     """The prepared call: refuse what the engine cannot reproduce, run it, shape the result as HF."""
     _refuse_unsupported(model, input_ids, config, processors, criteria, model_kwargs)
     if draft is not None:
-        check_causal_lm(draft, "assistant_model")
-    # No assistant_model: the engine drafts from the text itself (prompt and output so far).
+        check_causal_lm(draft, "draft")
+    # No draft model: the engine drafts from the text itself (prompt and output so far).
     if stop_strings and tokenizer is None:
         raise DynaTreeError("stop_strings need a tokenizer, and transformers does not pass tokenizer= on to a "
-                            "custom_generate callable: pass a TextStreamer (its tokenizer is used) or use the "
-                            "custom_generate/ folder")
+                            "custom_generate callable: call dynatree.hf.generate(model, ids, ..., tokenizer=tok) "
+                            "or use the custom_generate/ folder")
     max_new = int(config.max_length) - int(input_ids.shape[1])
     if max_new < 1:
         raise DynaTreeError(f"nothing to generate: max_length {config.max_length} <= prompt length {input_ids.shape[1]}")
