@@ -136,3 +136,32 @@ def test_ctrl_c_at_the_chat_prompt_ends_the_line(parrots) -> None:
     code, out, err = run.interrupt()
     assert_interrupted(code, err)
     assert out.endswith("you> \n")  # "interrupted" then starts a line of its own
+
+
+def test_an_error_raised_while_ctrl_c_unwinds_is_still_an_interrupt() -> None:
+    """A Ctrl-C that lands inside a torch function mode's enter/exit leaves its stack one short,
+    and the next exit raises RuntimeError("trying to pop from empty mode stack") with the
+    KeyboardInterrupt as its context (seen once in the bench's Ctrl-C test): exit code 130 and
+    "interrupted", as for the interrupt itself. A RuntimeError of its own stays an error."""
+    import typer
+
+    from dynatree.cli.common import after_interrupt, friendly_errors
+
+    def unwinding() -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("trying to pop from empty mode stack")
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(typer.Exit) as exit_info:
+        friendly_errors(unwinding)()
+    assert exit_info.value.exit_code == 130
+    with pytest.raises(RuntimeError, match="a bug"):
+        friendly_errors(broken)()
+    try:
+        unwinding()
+    except RuntimeError as err:
+        assert after_interrupt(err)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dynatree.catalog import DEFAULT_DRAFT, PROMPT_SETS
-from dynatree.cli.common import TP_HELP, dataclass_flags, engine_flags, friendly_errors, set_threads
+from dynatree.cli.common import TP_HELP, after_interrupt, dataclass_flags, engine_flags, friendly_errors, set_threads
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 
@@ -204,10 +204,14 @@ def _run_saving(writer: Any, fn: Any) -> Any:
     before = len(writer.done)
     try:
         return fn()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and not after_interrupt(err):
+            raise
         typer.secho(f"interrupted: {len(writer.done) - before} new row(s) are saved in {writer.path}; "
                     "rerun the same command to continue", fg=typer.colors.YELLOW, err=True)
-        raise
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        raise KeyboardInterrupt from err
 
 
 def _run_title(settings: dict[str, Any]) -> str:

@@ -36,8 +36,26 @@ def friendly_errors(fn: F) -> F:
         except KeyboardInterrupt:
             typer.secho("interrupted", err=True)
             raise typer.Exit(130) from None
+        except RuntimeError as err:
+            if not after_interrupt(err):
+                raise
+            typer.secho("interrupted", err=True)
+            raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def after_interrupt(err: BaseException) -> bool:
+    """Whether ``err`` was raised while a Ctrl-C unwound the stack. A KeyboardInterrupt that lands
+    inside a torch function mode's ``__enter__``/``__exit__`` (the CPU linear layouts are such
+    modes) leaves the mode stack one short, and the next ``__exit__`` raises "trying to pop from
+    empty mode stack" with the interrupt as its context: still the user's Ctrl-C, not a bug."""
+    seen = err.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False
 
 
 def check_utf8(text: str, what: str) -> None:
