@@ -61,7 +61,7 @@ def fused_head_run(target: torch.nn.Module, strategy: str) -> dict[str, list[int
     drafts: list[list[int]] = []
     out = dynatree.generate(target, head, torch.tensor([PROMPT]), strategy, max_new_tokens=NEW,
                             stopping=StoppingConfig(eos_token_id=()), on_round=lambda ev: drafts.append(
-                                ev.tree.tokens[1:].tolist()), **OPTIONS[strategy])
+                                ev.tree.tokens[1:].tolist()), **OPTIONS[strategy], text=False)
     return {"tokens": out.sequences[0].tolist(), "drafts": drafts}
 
 
@@ -73,10 +73,10 @@ def main(model_dir: str, out_dir: str) -> None:
     draft = perturbed(tiny_model("llama", 0, max_positions=256))
     ids = torch.tensor([PROMPT])
 
-    def run(strategy: str, sampling: SamplingConfig | None = None, **kw: object) -> list[int]:
+    def run(strategy: str, sampling: SamplingConfig | None = None, text: bool = False, **kw: object) -> list[int]:
         opts = SAMPLED_OPTIONS if sampling is not None and sampling.temperature else OPTIONS
         out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=NEW, sampling=sampling,
-                                stopping=StoppingConfig(eos_token_id=()), **opts[strategy], **kw)
+                                stopping=StoppingConfig(eos_token_id=()), **opts[strategy], **kw, text=text)
         return out.sequences[0].tolist()
 
     res: dict[str, object] = {"sharded": distributed.is_sharded(target)}
@@ -84,6 +84,9 @@ def main(model_dir: str, out_dir: str) -> None:
         res[f"greedy/{strategy}"] = run(strategy)
         res[f"sampled/{strategy}"] = run(strategy, SamplingConfig(temperature=TEMPERATURE), seed=SEED)
     res["greedy-static/dynatree"] = run("dynatree", options=EngineOptions(engine="static"))
+    # the library's default draft: the model and the text in one tree
+    res["greedy-hybrid/dynatree"] = run("dynatree", text=True)
+    res["sampled-hybrid/dyspec"] = run("dyspec", SamplingConfig(temperature=TEMPERATURE), text=True, seed=SEED)
     # No seed and different global streams per rank: DySpec used to draw different children on
     # each rank and hang; the ranks must now share rank 0's stream.
     torch.manual_seed(100 + rank)

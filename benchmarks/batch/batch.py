@@ -16,7 +16,7 @@ ever slows a run). Variants:
 * ``ar``: ours, ``strategy="autoregressive"`` (plain batched decoding, our cache and mask);
 * ``text``: ours, ``draft=None`` (each row drafts from its own text);
 * ``hybrid``: ours, the shipped distilled draft and the text in one tree (the CLI's default);
-* ``model``: ours, the shipped distilled draft alone, DynaTree's tree (``generate(target, draft, ids)``'s default).
+* ``model``: ours, the shipped distilled draft alone, DynaTree's tree (``generate(target, draft, ids, text=False)``).
 
 Every variant's sequences are compared with HF's: the count of rows that differ is recorded
 (``mismatched_rows``). One JSON line per (task, batch size, variant): generated tokens, seconds,
@@ -142,7 +142,7 @@ def main() -> None:
         elif variant == "text":
             out = dynatree.generate(target, None, ids, attention_mask=mask, max_new_tokens=n, stopping=stopping)
         elif variant == "model":
-            out = dynatree.generate(target, draft, ids, attention_mask=mask, max_new_tokens=n, stopping=stopping)
+            out = dynatree.generate(target, draft, ids, text=False, attention_mask=mask, max_new_tokens=n, stopping=stopping)
         else:
             out = dynatree.generate(target, TextDraft(model=draft), ids, attention_mask=mask, max_new_tokens=n,
                                     stopping=stopping)

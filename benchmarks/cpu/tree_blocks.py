@@ -47,7 +47,7 @@ def main() -> None:
         rows = []
         for ids in prompts:
             trees.clear()
-            generate(target, draft, ids[:128], name, max_new_tokens=24, seed=0, **opts)
+            generate(target, draft, ids[:128], name, text=False, max_new_tokens=24, seed=0, **opts)
             for parent, depth in trees:
                 whole = tree_block_counts(parent, depth, prefix_len=len(ids[:128]))
                 tree_only = tree_block_counts(parent, depth, prefix_len=0)

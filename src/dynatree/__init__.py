@@ -54,7 +54,7 @@ __all__ = [
     "make_policy",
     "precompile",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -45,7 +45,7 @@ def test_bad_arguments(pair, kwargs: dict, message: str) -> None:
     target, draft = pair
     args = {"input_ids": IDS, "strategy": "dynatree", "max_new_tokens": 5, **kwargs}
     with pytest.raises(DynaTreeError) as err:
-        dynatree.generate(target, draft, **args)
+        dynatree.generate(target, draft, **args, text=False)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -62,9 +62,9 @@ def test_no_draft_model_drafts_from_the_text_within_the_positions(pair) -> None:
 def test_vocab_mismatch_and_override(pair) -> None:
     other = tiny_model("llama", 2, vocab=128, max_positions=64)
     with pytest.raises(DynaTreeError, match=r"draft vocabulary \(128 tokens\) differs from the target's \(96\)"):
-        dynatree.generate(pair[0], other, IDS, "linear", max_new_tokens=5)
+        dynatree.generate(pair[0], other, IDS, "linear", max_new_tokens=5, text=False)
     out = dynatree.generate(pair[0], other, IDS, "linear", max_new_tokens=5, stopping=NO_EOS,
-                            allow_vocab_mismatch=True)
+                            allow_vocab_mismatch=True, text=False)
     ref = pair[0].generate(IDS, do_sample=False, max_new_tokens=5, eos_token_id=None, pad_token_id=0)
     assert torch.equal(out.sequences, ref)
 
@@ -72,7 +72,7 @@ def test_vocab_mismatch_and_override(pair) -> None:
 def test_truncate_prompt_keeps_the_tail(pair) -> None:
     target, draft = pair
     ids = torch.arange(2, 62).view(1, -1)  # 60 tokens; 60 + 5 + depth 5 > 64
-    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=5, truncate_prompt=True, stopping=NO_EOS)
+    out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=5, truncate_prompt=True, stopping=NO_EOS, text=False)
     kept = 64 - 5 - 5  # (DynaTree's d_max is 9, but no tree is deeper than the 5 new tokens)
     assert out.stats.prompt_tokens == kept
     assert torch.equal(out.sequences[0, :kept], ids[0, -kept:])
@@ -82,7 +82,7 @@ def test_training_mode_is_restored(pair) -> None:
     target, draft = pair
     target.train()
     try:
-        dynatree.generate(target, draft, IDS, "linear", max_new_tokens=3)
+        dynatree.generate(target, draft, IDS, "linear", max_new_tokens=3, text=False)
         assert target.training and not draft.training
     finally:
         target.eval()

@@ -29,15 +29,15 @@ def test_generate_refuses_a_run_past_the_positions_and_says_what_fits() -> None:
     target, draft = tiny_model("llama", 0, max_positions=64), tiny_model("llama", 1, max_positions=64)
     ids = torch.tensor([[5, 6, 7]])
     with pytest.raises(DynaTreeError) as info:
-        dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=HUGE)
+        dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=HUGE, text=False)
     assert str(info.value) == (
         f"prompt (3) + max_new_tokens ({HUGE}) + tree depth (4) = {HUGE + 7} positions exceeds LlamaForCausalLM's "
         f"maximum of 64 by {HUGE + 7 - 64}; max_new_tokens (--max-new-tokens) can be at most 57 here, or pass "
         "options=EngineOptions(kv_window=N) (--kv-window) for StreamingLLM-style KV eviction")
-    out = dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=57, stopping=NO_EOS)
+    out = dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=57, stopping=NO_EOS, text=False)
     assert out.stats.new_tokens == 57  # the number the message gives does fit
     with pytest.raises(DynaTreeError, match="can be at most 59 here"):  # truncating keeps 1 prompt token
-        dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=HUGE, truncate_prompt=True)
+        dynatree.generate(target, draft, ids, "linear", k=4, max_new_tokens=HUGE, truncate_prompt=True, text=False)
 
 
 def test_precompile_never_sizes_a_cache_past_the_positions() -> None:

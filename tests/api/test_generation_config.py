@@ -1,8 +1,7 @@
-"""generate()'s typed groups (sampling=, options=, stopping=) and the flat keywords they replace.
+"""generate()'s typed groups (sampling=, options=, stopping=) and the flat keywords they replaced.
 
-The flat spellings must keep producing the same output (with one DeprecationWarning that names
-the group to use), a setting given both ways is refused, and a misspelt keyword gets a hint
-instead of passing for an option of the strategy.
+The flat spellings of 0.1 are refused (since 0.2) with the group to use, and a misspelt keyword
+gets a hint instead of passing for an option of the strategy.
 """
 
 from __future__ import annotations
@@ -69,54 +68,30 @@ def test_eos_in_stopping_stops(pair):
     assert new[-1] == first and len(new) <= 4
 
 
-# ----------------------------------------------------------------------- flat keywords, deprecated
-def test_flat_sampling_keywords_warn_and_match_the_group(pair):
+# ------------------------------------------------------------------ flat keywords, removed in 0.2
+@pytest.mark.parametrize("kwargs, group", [
+    ({"temperature": 0.9}, r"temperature= was removed in dynatree 0\.2; pass sampling=SamplingConfig\(temperature=\.\.\.\)"),
+    ({"engine": "static", "tree_order": "dfs"}, r"options=EngineOptions\(engine=\.\.\., tree_order=\.\.\.\)"),
+    ({"eos_token_id": []}, r"stopping=StoppingConfig\(eos_token_id=\.\.\.\)"),
+    ({"top_k": 20, "stop_strings": "x"}, r"sampling=SamplingConfig\(top_k=\.\.\.\) and stopping=StoppingConfig\(stop_strings"),
+])
+def test_flat_keywords_are_refused_with_their_group(pair, kwargs, group):
     target, draft = pair
-    grouped = _quiet(target, draft, PROMPT, "dyspec", max_new_tokens=16, stopping=NEVER, seed=3,
-                     sampling=SamplingConfig(temperature=0.9, top_k=20, draft_temperature=0.5))
-    with pytest.warns(DeprecationWarning, match=r"temperature=.*sampling=SamplingConfig\(temperature=\.\.\., top_k"):
-        flat = dynatree.generate(target, draft, PROMPT, "dyspec", max_new_tokens=16, stopping=NEVER, seed=3,
-                                 temperature=0.9, top_k=20, draft_temperature=0.5)
-    assert torch.equal(flat.sequences, grouped.sequences)
-    # control: the temperature took effect (a dropped keyword would have run greedily)
-    greedy = _quiet(target, draft, PROMPT, "dyspec", max_new_tokens=16, stopping=NEVER, seed=3)
-    assert not torch.equal(greedy.sequences, grouped.sequences)
+    with pytest.raises(DynaTreeError, match=group):
+        dynatree.generate(target, draft, PROMPT, "linear", max_new_tokens=4, **kwargs)
 
 
-def test_flat_engine_and_stopping_keywords_and_positional_values_warn_once(pair):
+def test_settings_after_the_strategy_are_keywords_only(pair):
     target, draft = pair
-    ref = _quiet(target, draft, PROMPT, "linear", max_new_tokens=12, stopping=NEVER,
-                 options=EngineOptions(engine="static", tree_order="dfs"), k=3)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = dynatree.generate(target, draft, PROMPT, "linear", 12, [], engine="static", tree_order="dfs", k=3)
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert len(messages) == 1, messages
-    for part in ("max_new_tokens by position", "eos_token_id by position", "engine=", "tree_order=",
-                 "options=EngineOptions(engine=..., tree_order=...)", "stopping=StoppingConfig(eos_token_id=...)"):
-        assert part in messages[0]
-    assert caught[0].filename == __file__  # points at the caller, not at dynatree's internals
-    assert torch.equal(out.sequences, ref.sequences)
-
-
-def test_a_setting_given_flat_and_in_its_group_is_refused(pair):
-    target, draft = pair
-    with pytest.raises(DynaTreeError, match="temperature given both"):
-        dynatree.generate(target, draft, PROMPT, max_new_tokens=4, temperature=0.5, sampling=SamplingConfig())
-    with pytest.raises(DynaTreeError, match="eos_token_id given both"):
-        dynatree.generate(target, draft, PROMPT, max_new_tokens=4, eos_token_id=[], stopping=NEVER)
-    with pytest.raises(DynaTreeError, match="given twice and different"):
-        dynatree.generate(target, draft, PROMPT, max_new_tokens=4, engine="hf",
-                          options=EngineOptions(engine="static"))
-    with pytest.raises(DynaTreeError, match="max_new_tokens given both"):
-        dynatree.generate(target, draft, PROMPT, "linear", 8, max_new_tokens=4)
-    with pytest.raises(DynaTreeError, match="at most 4 positional"):
-        dynatree.generate(target, draft, PROMPT, "linear", 8, [], "extra")
+    with pytest.raises(TypeError, match="positional"):
+        dynatree.generate(target, draft, PROMPT, "linear", 8)
+    with pytest.raises(DynaTreeError, match="sampling= takes a SamplingConfig, got float"):
+        dynatree.generate(target, draft, PROMPT, max_new_tokens=4, sampling=0.5)
 
 
 def test_a_misspelt_keyword_gets_a_hint(pair):
     target, draft = pair
-    with pytest.raises(DynaTreeError, match=r"did you mean temperature= for temprature=\?"):
+    with pytest.raises(DynaTreeError, match=r"did you mean sampling=SamplingConfig\(temperature=\.\.\.\) for temprature=\?"):
         dynatree.generate(target, draft, PROMPT, max_new_tokens=4, temprature=0.5)
     with pytest.raises(DynaTreeError, match=r"did you mean stopping= for stoping=\?"):
         dynatree.generate(target, draft, PROMPT, "linear", max_new_tokens=4, stoping=NEVER)

@@ -69,12 +69,12 @@ def test_generate_takes_options(llama_pair) -> None:
     target, draft = llama_pair
     run = dict(max_new_tokens=10, stopping=StoppingConfig(eos_token_id=()))
     opts = EngineOptions(engine="static", tree_order="dfs")
-    by_options = dynatree.generate(target, draft, IDS, "linear", k=3, options=opts, **run)
+    by_options = dynatree.generate(target, draft, IDS, "linear", k=3, options=opts, **run, text=False)
     reference = dynatree.generate(target, None, IDS, "autoregressive", options=EngineOptions(engine="hf"), **run)
     assert torch.equal(by_options.sequences, reference.sequences)
     assert any(key[2].buckets is None for key in engines.DEFAULT_POOL.entries(target))  # it ran the static engine
     with pytest.raises(DynaTreeError, match="unknown tree_order"):  # refused before any model call
-        dynatree.generate(target, draft, IDS, "linear", options=EngineOptions(tree_order="random"), **run)
+        dynatree.generate(target, draft, IDS, "linear", options=EngineOptions(tree_order="random"), **run, text=False)
 
 
 def test_precompile_refuses_the_hf_engine(llama_pair) -> None:

@@ -30,10 +30,10 @@ def test_a_policy_instance_is_not_changed_and_runs_the_same_twice(strategy: str)
     policy = make_policy(strategy)
     before = snapshot(policy)
     first = dynatree.generate(target, draft, ids, policy, max_new_tokens=24, stopping=NO_EOS, seed=3,
-                              sampling=dynatree.SamplingConfig(temperature=1.0))
+                              sampling=dynatree.SamplingConfig(temperature=1.0), text=False)
     assert snapshot(policy) == before
     second = dynatree.generate(target, draft, ids, policy, max_new_tokens=24, stopping=NO_EOS, seed=3,
-                               sampling=dynatree.SamplingConfig(temperature=1.0))
+                               sampling=dynatree.SamplingConfig(temperature=1.0), text=False)
     assert torch.equal(first.sequences, second.sequences)
     assert [r.drafted for r in first.stats.rounds] == [r.drafted for r in second.stats.rounds]
 
@@ -44,6 +44,6 @@ def test_a_backoff_instance_is_not_changed() -> None:
     ids = torch.randint(2, target.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(5))
     backoff = Backoff(min_rounds=1, probe_plain=1)
     before = dataclasses.asdict(backoff)
-    out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, stopping=NO_EOS, backoff=backoff)
+    out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, stopping=NO_EOS, backoff=backoff, text=False)
     assert out.stats.num_rounds > 3  # the back-off saw rounds (in its copy)
     assert dataclasses.asdict(backoff) == before

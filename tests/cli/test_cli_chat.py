@@ -47,7 +47,7 @@ def test_text_is_written_round_by_round(model_dirs) -> None:
 
     ids = tok("the quick brown fox jumps", return_tensors="pt").input_ids
     out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24,
-                            stopping=dynatree.StoppingConfig(eos_token_id=()), on_round=on_round)
+                            stopping=dynatree.StoppingConfig(eos_token_id=()), on_round=on_round, text=False)
     streamer.end()
     kinds = [k for k, _ in log]
     assert kinds.count("round") == out.stats.num_rounds >= 3
@@ -92,7 +92,7 @@ def test_chat_without_a_template_is_refused(model_dirs) -> None:
 def test_chat_session_keeps_the_conversation(model_dirs) -> None:
     target, draft, tok = loaded(model_dirs)
     out = io.StringIO()
-    session = ChatSession(target, draft, tok, "linear", system="be brief", out=out, max_new_tokens=10, k=3)
+    session = ChatSession(target, draft, tok, "linear", text=False, system="be brief", out=out, max_new_tokens=10, k=3)
     session.turn("the fox")
     first = session.messages[-1]["content"]
     session.turn("the dog")

@@ -39,7 +39,7 @@ def small_dirs(small, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, st
 
 def test_oldest_turns_are_dropped_whole_and_the_system_prompt_stays(small) -> None:
     target, draft, tok = small
-    session = ChatSession(target, draft, tok, "linear", system="be brief", out=io.StringIO(), max_new_tokens=8, k=3)
+    session = ChatSession(target, draft, tok, "linear", text=False, system="be brief", out=io.StringIO(), max_new_tokens=8, k=3)
     assert session.max_positions == POSITIONS and session.room == POSITIONS - 8 - 3
     dropped = []
     for text in MESSAGES:
@@ -58,7 +58,7 @@ def test_oldest_turns_are_dropped_whole_and_the_system_prompt_stays(small) -> No
 
 def test_an_interrupted_turn_restores_the_dropped_turns(small, monkeypatch: pytest.MonkeyPatch) -> None:
     target, draft, tok = small
-    session = ChatSession(target, draft, tok, "linear", out=io.StringIO(), max_new_tokens=8, k=3)
+    session = ChatSession(target, draft, tok, "linear", text=False, out=io.StringIO(), max_new_tokens=8, k=3)
     for text in MESSAGES[:3]:
         session.turn(text)
     before = [dict(m) for m in session.messages]
@@ -77,12 +77,12 @@ def test_an_interrupted_turn_restores_the_dropped_turns(small, monkeypatch: pyte
 def test_a_reply_length_with_no_room_left_is_refused_up_front(small) -> None:
     target, draft, tok = small
     with pytest.raises(DynaTreeError) as info:
-        ChatSession(target, draft, tok, "linear", max_new_tokens=61, k=3)
+        ChatSession(target, draft, tok, "linear", text=False, max_new_tokens=61, k=3)
     assert str(info.value) == ("max_new_tokens=61 and a tree of depth 3 leave no room for the conversation in the "
                                "model's 64 positions: use max_new_tokens (--max-new-tokens) of at most 60")
     with pytest.raises(DynaTreeError, match="of at most 63$"):
         ChatSession(target, None, tok, "autoregressive", max_new_tokens=10**9)
-    unlimited = ChatSession(target, draft, tok, "linear", max_new_tokens=60, k=3,
+    unlimited = ChatSession(target, draft, tok, "linear", text=False, max_new_tokens=60, k=3,
                             options=EngineOptions(kv_window=16))
     assert unlimited.room is None  # KV eviction: any length fits
 

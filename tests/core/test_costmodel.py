@@ -128,7 +128,7 @@ def _run(pair, profile: CostProfile | None, **options):
     policy = make_policy("dynatree", tau=0.0, **options)
     if profile is not None:
         policy.use_cost_model(profile)
-    return dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=24, stopping=NO_EOS)
+    return dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=24, stopping=NO_EOS, text=False)
 
 
 def test_fake_profiles_move_the_tree_size_and_stay_exact(pair) -> None:
@@ -161,12 +161,12 @@ def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypat
 
     monkeypatch.setattr(costmodel, "measure", fake_measure)
     policy = make_policy("dynatree", tau=0.0)
-    first = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS)
+    first = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS, text=False)
     assert measured == [11] and first.stats.cost_profile == steep(32)
     assert policy.cost_profile is None  # (the caller's policy is not changed: the run's copy is)
     assert len(list((tmp_path / "costmodel").glob("*.json"))) == 1
     again = make_policy("dynatree", tau=0.0)
-    r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, stopping=NO_EOS)
+    r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, stopping=NO_EOS, text=False)
     assert measured == [11]  # second run: from disk
     assert r.stats.cost_profile == steep(32) and sum(x.drafted for x in r.stats.rounds) <= 1
 
@@ -174,7 +174,7 @@ def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypat
 def test_switched_off_uses_fixed_budget(pair, monkeypatch) -> None:
     monkeypatch.setenv(costmodel.ENV_SWITCH, "off")
     policy = make_policy("dynatree", tau=0.0)
-    r = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS)
+    r = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS, text=False)
     assert r.stats.cost_profile is None and max(x.drafted for x in r.stats.rounds) <= 3
 
 

@@ -56,7 +56,7 @@ def test_greedy_output_equals_autoregressive(strategy: str, engine: str) -> None
     draft = feature_draft(target)
     ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=30, stopping=NO_EOS).sequences
     out = generate(target, draft, PROMPT, strategy, max_new_tokens=30, stopping=NO_EOS,
-                   options=EngineOptions(engine=engine), **SMALL_TREES[strategy])
+                   options=EngineOptions(engine=engine), **SMALL_TREES[strategy], text=False)
     assert torch.equal(out.sequences, ref)
 
 
@@ -65,7 +65,7 @@ def test_fused_layers_greedy_output_equals_autoregressive(strategy: str) -> None
     target = tiny_model("llama", 0, layers=3)
     draft = feature_draft(target, layers=FUSED)
     ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=30, stopping=NO_EOS).sequences
-    out = generate(target, draft, PROMPT, strategy, max_new_tokens=30, stopping=NO_EOS, **SMALL_TREES[strategy])
+    out = generate(target, draft, PROMPT, strategy, max_new_tokens=30, stopping=NO_EOS, **SMALL_TREES[strategy], text=False)
     assert torch.equal(out.sequences, ref)
 
 
@@ -73,11 +73,11 @@ def test_fused_layers_refuse_the_static_engine_and_missing_layers() -> None:
     target = tiny_model("llama", 0, layers=3)
     with pytest.raises(DynaTreeError, match="hf engine"):
         generate(target, feature_draft(target, layers=FUSED), PROMPT, "linear", max_new_tokens=8,
-                 options=EngineOptions(engine="static"))
+                 options=EngineOptions(engine="static"), text=False)
     small = tiny_model("llama", 0, layers=2)
     draft = feature_draft(target, layers=FUSED)
     with pytest.raises(DynaTreeError, match="reads layers"):
-        generate(small, draft, PROMPT, "linear", max_new_tokens=8)
+        generate(small, draft, PROMPT, "linear", max_new_tokens=8, text=False)
 
 
 def _pending_features_are_the_targets(monkeypatch: pytest.MonkeyPatch, corrupt: bool,
@@ -104,7 +104,7 @@ def _pending_features_are_the_targets(monkeypatch: pytest.MonkeyPatch, corrupt: 
             return logits, rows
 
         monkeypatch.setattr(E, "tree_forward", shifted)
-    seq = generate(target, draft, PROMPT, "linear", max_new_tokens=40, stopping=NO_EOS, k=3).sequences
+    seq = generate(target, draft, PROMPT, "linear", max_new_tokens=40, stopping=NO_EOS, k=3, text=False).sequences
     with torch.no_grad():
         out = target.base_model(input_ids=seq, output_hidden_states=True)
         ref = out.last_hidden_state[0] if not layers else \
@@ -274,7 +274,7 @@ def test_training_learns_resumes_and_loads(tmp_path: Path) -> None:
     draft = load_distilled_draft(target, final)
     assert isinstance(draft, FeatureDraft) and draft.draft_config.kind == "feature"
     ref = generate(target, None, PROMPT, "autoregressive", max_new_tokens=12, stopping=NO_EOS).sequences
-    assert torch.equal(generate(target, draft, PROMPT, "dynatree", max_new_tokens=12, stopping=NO_EOS).sequences, ref)
+    assert torch.equal(generate(target, draft, PROMPT, "dynatree", max_new_tokens=12, stopping=NO_EOS, text=False).sequences, ref)
     # resuming a finished run trains no further step and gives the same weights
     again = F.distill_features(target, ByteTokenizer(), out_dir=tmp_path / "a", config=cfg, documents=DOCS,
                                target_name="tiny", progress=False)
@@ -288,7 +288,7 @@ def test_refuses_kv_window() -> None:
     target = tiny_model("llama", 0)
     with pytest.raises(DynaTreeError, match="feature-conditioned draft"):
         generate(target, feature_draft(target), PROMPT, "linear", max_new_tokens=8,
-                 options=EngineOptions(kv_window=16))
+                 options=EngineOptions(kv_window=16), text=False)
 
 
 @pytest.mark.parametrize("strategy", ["dyspec", "dynatree"])
@@ -324,6 +324,6 @@ def test_hybrid_with_the_text_queues_features_of_skipped_rounds(confident: float
     prompt = torch.cat([PROMPT, PROMPT, PROMPT[:, :3]], dim=1)
     ref = generate(target, None, prompt, "autoregressive", max_new_tokens=40, stopping=NO_EOS).sequences
     draft = TextDraft(model=feature_draft(target, layers=layers), confident=confident, model_min_gain=0)
-    out = generate(target, draft, prompt, "dynatree", max_new_tokens=40, stopping=NO_EOS)
+    out = generate(target, draft, prompt, "dynatree", max_new_tokens=40, stopping=NO_EOS, text=False)
     assert torch.equal(out.sequences, ref)
     assert sum(r.draft_calls for r in out.stats.rounds) > 0

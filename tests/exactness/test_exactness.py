@@ -42,7 +42,7 @@ def prompt(length: int, seed: int) -> torch.Tensor:
 def run(arch: str, strategy: str, draft: str, ids: torch.Tensor, n: int, eos=(), attn: str = "sdpa"):
     m = models(arch, attn)
     return dynatree.generate(m["target"], m[draft], ids, strategy, max_new_tokens=n,
-                             stopping=StoppingConfig(eos_token_id=tuple(eos)), **OPTIONS.get(strategy, {}))
+                             stopping=StoppingConfig(eos_token_id=tuple(eos)), **OPTIONS.get(strategy, {}), text=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,7 +126,7 @@ def test_eos_default_comes_from_generation_config() -> None:
     eos = new[10]
     m["target"].generation_config.eos_token_id = eos
     try:
-        out = dynatree.generate(m["target"], m["self"], ids, "linear", max_new_tokens=30, k=4)
+        out = dynatree.generate(m["target"], m["self"], ids, "linear", max_new_tokens=30, k=4, text=False)
     finally:
         m["target"].generation_config.eos_token_id = 1
     assert out.sequences[0, 3:].tolist() == new[: new.index(eos) + 1]
@@ -139,7 +139,7 @@ def test_static_engine_equals_target(arch: str, strategy: str) -> None:
     m = models(arch)
     for length, seed, n in [(1, 0, 24), (13, 2, 33)]:
         out = dynatree.generate(m["target"], m["perturbed"], prompt(length, seed), strategy, max_new_tokens=n,
-                                stopping=NO_EOS, options=EngineOptions(engine="static"), **OPTIONS.get(strategy, {}))
+                                stopping=NO_EOS, options=EngineOptions(engine="static"), **OPTIONS.get(strategy, {}), text=False)
         assert torch.equal(out.sequences, reference(arch, length, seed, n)), (arch, strategy, length)
 
 
@@ -154,7 +154,7 @@ def test_compiled_static_engine_equals_target() -> None:
     for seed in (1, 2):
         out = dynatree.generate(m["target"], m["perturbed"], prompt(5, seed), "linear", max_new_tokens=20,
                                 stopping=NO_EOS, options=EngineOptions(engine="static", compile=True, buckets=buckets),
-                                k=3)
+                                k=3, text=False)
         assert torch.equal(out.sequences, reference("llama", 5, seed, 20))
     assert counters["stats"]["unique_graphs"] == graphs, "a timed run compiled a new graph"
 
@@ -180,7 +180,7 @@ def test_every_bucket_keeps_its_graph_past_dynamos_recompile_limit(monkeypatch: 
     assert torch._dynamo.config.recompile_limit == limit, "the process-wide recompile limit was changed"
     out = dynatree.generate(target, draft, prompt(5, 3), "fixed", max_new_tokens=12, stopping=NO_EOS,
                             options=EngineOptions(engine="static", compile=True, buckets=buckets),
-                            depth=2, branch=2, max_nodes=6)
+                            depth=2, branch=2, max_nodes=6, text=False)
     assert torch.equal(out.sequences, hf_greedy(target, prompt(5, 3), 12, None))
 
 
@@ -192,7 +192,7 @@ def test_dfs_tree_order_equals_target(arch: str, engine: str, strategy: str) -> 
     m = models(arch)
     out = dynatree.generate(m["target"], m["perturbed"], prompt(7, 4), strategy, max_new_tokens=30,
                             stopping=NO_EOS, options=EngineOptions(engine=engine, tree_order="dfs"),
-                            **OPTIONS.get(strategy, {}))
+                            **OPTIONS.get(strategy, {}), text=False)
     assert torch.equal(out.sequences, reference(arch, 7, 4, 30))
 
 
@@ -204,7 +204,7 @@ def test_lazy_and_full_lm_head_equal_target(arch: str, lazy_head: bool, engine: 
     m = models(arch)
     out = dynatree.generate(m["target"], m["perturbed"], prompt(6, 5), "dynatree", max_new_tokens=30,
                             stopping=NO_EOS, options=EngineOptions(lazy_head=lazy_head, engine=engine),
-                            **OPTIONS["dynatree"])
+                            **OPTIONS["dynatree"], text=False)
     assert torch.equal(out.sequences, reference(arch, 6, 5, 30))
 
 
@@ -212,5 +212,5 @@ def test_static_engine_prefills_prompts_longer_than_the_largest_bucket() -> None
     m = models("llama")
     ids = prompt(40, 12)
     out = dynatree.generate(m["target"], m["perturbed"], ids, "linear", max_new_tokens=10, stopping=NO_EOS,
-                            options=EngineOptions(engine="static", buckets=(1, 2, 4, 8)), k=3)
+                            options=EngineOptions(engine="static", buckets=(1, 2, 4, 8)), k=3, text=False)
     assert torch.equal(out.sequences, reference("llama", 40, 12, 10))

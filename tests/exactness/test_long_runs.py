@@ -49,7 +49,7 @@ def test_ten_thousand_tokens_exact_and_bounded(setup, strategy: str, monkeypatch
 
     monkeypatch.setattr(CachedModel, "compact", checked_compact)
     out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=N, stopping=NO_EOS,
-                            **OPTIONS.get(strategy, {}))
+                            **OPTIONS.get(strategy, {}), text=False)
     assert torch.equal(out.sequences, ref)
 
     # After round r the target caches exactly prompt + committed - 1 tokens (the root is pending),
@@ -81,7 +81,7 @@ def _creep(monkeypatch: pytest.MonkeyPatch | None = None) -> float:
     rss: list[int] = []
     gc.collect()
     dynatree.generate(target, draft, ids, "linear", k=3, max_new_tokens=3000, stopping=NO_EOS,
-                      on_round=lambda event: rss.append(_rss_bytes()))
+                      on_round=lambda event: rss.append(_rss_bytes()), text=False)
     q = len(rss) // 4
     return (max(rss[-q:]) - max(rss[q : 2 * q])) / 2**20
 

@@ -30,7 +30,7 @@ def detected(arch: str) -> bool:
     ref = target.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None, pad_token_id=0)
     for strategy, opts in CONFIGS:
         out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40,
-                                stopping=dynatree.StoppingConfig(eos_token_id=()), **opts)
+                                stopping=dynatree.StoppingConfig(eos_token_id=()), **opts, text=False)
         if not torch.equal(out.sequences, ref):
             return True
     return False

@@ -98,7 +98,7 @@ def sample_runs(models, strategy: str, opts: dict, cfg: SamplingConfig) -> tuple
             # (one token past the compared ones: a call's last token is a plain target step, so
             #  the last compared token may still come from inside a tree)
             target, draft, PROMPT, strategy, max_new_tokens=POSITIONS + 1, stopping=NO_EOS, sampling=cfg, seed=seed,
-            **opts,
+            **opts, text=False,
         )
         tokens = out.sequences[0, len(PROMPT):len(PROMPT) + POSITIONS]
         counts[torch.arange(POSITIONS), tokens] += 1
@@ -228,7 +228,7 @@ def test_seeded_runs_are_reproducible(models, strategy: str, opts: dict) -> None
     def run(**kw):
         return dynatree.generate(
             target, draft, [2, 5], strategy, max_new_tokens=12, stopping=NO_EOS, sampling=SamplingConfig(1.0),
-            **opts, **kw
+            **opts, **kw, text=False,
         )
 
     a, b = run(seed=7), run(seed=7)
@@ -250,7 +250,7 @@ def test_dyspec_greedy_is_exact_whatever_the_seed(models, strategy: str) -> None
     target, draft = models
     ref = dynatree.generate(target, None, [2, 5], "autoregressive", max_new_tokens=15, stopping=NO_EOS)
     for seed in range(3):
-        out = dynatree.generate(target, draft, [2, 5], strategy, max_new_tokens=15, stopping=NO_EOS, seed=seed)
+        out = dynatree.generate(target, draft, [2, 5], strategy, max_new_tokens=15, stopping=NO_EOS, seed=seed, text=False)
         assert torch.equal(out.sequences, ref.sequences)
 
 
@@ -276,7 +276,7 @@ def test_argument_validation(models, kwargs: dict, name: str) -> None:
     rest = {k: v for k, v in kwargs.items() if k not in SAMPLING_FIELDS}  # seed=, generator=: by generate
     with pytest.raises(DynaTreeError, match=rf"invalid {name}=") as err:
         dynatree.generate(target, draft, PROMPT, "dyspec", max_new_tokens=2,
-                          sampling=SamplingConfig(**sampling) if sampling else None, **rest)
+                          sampling=SamplingConfig(**sampling) if sampling else None, **rest, text=False)
     assert "\n" not in str(err.value)
 
 

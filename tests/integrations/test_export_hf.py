@@ -161,7 +161,7 @@ def test_dynatree_with_the_exported_draft_equals_hf_greedy(pair) -> None:
     target, _, out = pair
     ids = random_ids(4, batch=1, length=6)
     result = dynatree.generate(target, load(out), ids, "dynatree", max_new_tokens=40,
-                               stopping=dynatree.StoppingConfig(eos_token_id=()), **SMALL_TREES["dynatree"])
+                               stopping=dynatree.StoppingConfig(eos_token_id=()), **SMALL_TREES["dynatree"], text=False)
     assert torch.equal(result.sequences, hf_greedy(target, ids, 40))
     assert result.stats.mean_committed > 1  # the export really drafted: tokens were accepted
 

@@ -87,7 +87,7 @@ def test_skipped_rounds_keep_the_output_exact(source: str, strategy: str) -> Non
     model = perturbed(target, noise=0.05)
     draft = {"model": model, "text": None, "hybrid": TextDraft(model=model)}[source]
     ids = repetitive(target.config.vocab_size)
-    out = generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
+    out = generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther(), text=False)
     assert out.sequences[0].tolist() == hf_greedy(target, ids[None], 40, None)[0].tolist()
     plain = [r for r in out.stats.rounds if r.drafted == 0 and r.draft_calls == 0]
     assert len(plain) >= len(out.stats.rounds) // 2 - 1  # the pauses happened
@@ -99,7 +99,7 @@ def test_a_draft_that_forgets_the_paused_tokens_drafts_worse(monkeypatch: pytest
     target = tiny_model("llama", seed=1)
     draft = perturbed(target, noise=0.02)
     ids = repetitive(target.config.vocab_size)
-    good = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
+    good = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther(), text=False)
     commit = ModelProposer.commit
 
     def forgetful(self, tree, accepted, bonus, features=None):  # a skipped round's tokens are lost
@@ -109,7 +109,7 @@ def test_a_draft_that_forgets_the_paused_tokens_drafts_worse(monkeypatch: pytest
         commit(self, tree, accepted, bonus, features)
 
     monkeypatch.setattr(ModelProposer, "commit", forgetful)
-    bad = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther())
+    bad = generate(target, draft, ids, "linear", max_new_tokens=40, stopping=NO_EOS, backoff=EveryOther(), text=False)
     assert torch.equal(good.sequences, bad.sequences)
     accepted = lambda r: sum(x.accepted for x in r.stats.rounds)  # noqa: E731
     assert accepted(good) > accepted(bad)
@@ -150,7 +150,7 @@ def test_a_batch_backs_off_as_a_whole(source: str) -> None:
 
     rows = [repetitive(target.config.vocab_size).tolist(), [5, 9, 14, 5, 9], [7]]
     out = generate(target, draft, rows, "dynatree", max_new_tokens=24,
-                   stopping=StoppingConfig(eos_token_id=(), pad_token_id=0), backoff=Logged())
+                   stopping=StoppingConfig(eos_token_id=(), pad_token_id=0), backoff=Logged(), text=False)
     for b, row in enumerate(rows):
         new = out.sequences[b, max(map(len, rows)):].tolist()
         assert new == hf_greedy(target, torch.tensor([row]), 24, None)[0, len(row):].tolist(), b

@@ -79,14 +79,14 @@ def hf_batch(arch: str, lengths: tuple[int, ...], seed: int, n: int, eos: int | 
 def run_batch(arch: str, strategy: str, draft: str, lengths: tuple[int, ...], seed: int, n: int, eos=(), **kw):
     ids, mask = padded(prompts(lengths, seed))
     return dynatree.generate(models(arch)["target"], draft_for(arch, draft), ids, strategy, max_new_tokens=n,
-                             attention_mask=mask, stopping=stopping(eos), **OPTIONS.get(strategy, {}), **kw)
+                             attention_mask=mask, stopping=stopping(eos), **OPTIONS.get(strategy, {}), **kw, text=False)
 
 
 @functools.lru_cache(maxsize=None)
 def single(arch: str, strategy: str, draft: str, row: tuple[int, ...], n: int, eos: tuple[int, ...] = ()) -> list[int]:
     """The new tokens of a greedy single-prompt run of ``row`` alone."""
     out = dynatree.generate(models(arch)["target"], draft_for(arch, draft), torch.tensor([row]), strategy,
-                            max_new_tokens=n, stopping=stopping(eos), **OPTIONS.get(strategy, {}))
+                            max_new_tokens=n, stopping=stopping(eos), **OPTIONS.get(strategy, {}), text=False)
     return out.sequences[0, len(row):].tolist()
 
 
@@ -223,9 +223,9 @@ def test_ragged_list_equals_padded_tensor() -> None:
     rows = prompts(LENGTHS, 4)
     ids, mask = padded(rows)
     a = dynatree.generate(m["target"], m["perturbed"], rows, "dynatree", max_new_tokens=N, stopping=stopping(),
-                          **OPTIONS["dynatree"])
+                          **OPTIONS["dynatree"], text=False)
     b = dynatree.generate(m["target"], m["perturbed"], ids, "dynatree", max_new_tokens=N, attention_mask=mask,
-                          stopping=stopping(), **OPTIONS["dynatree"])
+                          stopping=stopping(), **OPTIONS["dynatree"], text=False)
     assert torch.equal(a.sequences, b.sequences)
     assert [s.new_tokens for s in a.stats] == [N] * len(rows)
 
@@ -237,9 +237,9 @@ def test_padding_content_is_never_seen_and_returned_as_given() -> None:
     ids, mask = padded(rows)
     junk = torch.where(mask.bool(), ids, torch.randint(2, VOCAB, ids.shape, generator=torch.Generator().manual_seed(9)))
     clean = dynatree.generate(m["target"], m["perturbed"], ids, "fixed", max_new_tokens=N, attention_mask=mask,
-                              stopping=stopping(), **OPTIONS["fixed"])
+                              stopping=stopping(), **OPTIONS["fixed"], text=False)
     dirty = dynatree.generate(m["target"], m["perturbed"], junk, "fixed", max_new_tokens=N, attention_mask=mask,
-                              stopping=stopping(), **OPTIONS["fixed"])
+                              stopping=stopping(), **OPTIONS["fixed"], text=False)
     width = ids.shape[1]
     assert torch.equal(dirty.sequences[:, :width], junk)
     assert torch.equal(dirty.sequences[:, width:], clean.sequences[:, width:])
@@ -256,7 +256,7 @@ def test_pad_token_of_a_list_batch() -> None:
     eos = ref[0][4]
     cut = [r[: r.index(eos) + 1] if eos in r else r for r in ref]
     out = dynatree.generate(m["target"], m["perturbed"], rows, "linear", max_new_tokens=12, k=3,
-                            stopping=StoppingConfig(eos_token_id=(eos,), pad_token_id=77))
+                            stopping=StoppingConfig(eos_token_id=(eos,), pad_token_id=77), text=False)
     longest = max(map(len, cut))
     assert min(map(len, cut)) < longest  # the setup: one answer is right-padded
     for b, (p, new) in enumerate(zip(rows, cut)):
@@ -279,7 +279,7 @@ def test_bad_masks_are_refused_before_any_model_call(case: str) -> None:
         inputs[0] = inputs[0][2:]  # ragged
     with no_model_calls(m["target"], m["perturbed"]) as calls, pytest.raises(DynaTreeError) as err:
         dynatree.generate(m["target"], m["perturbed"], inputs, "linear", max_new_tokens=8, attention_mask=mask,
-                          stopping=stopping(), k=3)
+                          stopping=stopping(), k=3, text=False)
     assert calls == []
     assert "\n" not in str(err.value) and str(err.value)
 
@@ -294,7 +294,7 @@ def test_unsupported_settings_are_refused(setting: dict) -> None:
     ids, mask = padded(prompts((3, 6), 8))
     with no_model_calls(m["target"], m["perturbed"]) as calls, pytest.raises(DynaTreeError) as err:
         dynatree.generate(m["target"], m["perturbed"], ids, "linear", max_new_tokens=8, attention_mask=mask,
-                          stopping=stopping(), k=3, **setting)
+                          stopping=stopping(), k=3, **setting, text=False)
     assert calls == []
     assert str(err.value).startswith("batches do not support"), str(err.value)
     assert "\n" not in str(err.value)
@@ -374,13 +374,13 @@ SAMPLED_TREES = {s: {k: min(v, ROW_BUDGET) if k in ("max_nodes", "k") else v for
 
 def sample_batch(arch: str, strategy: str, draft: str, rows: list[list[int]], seed, n: int, trees=SAMPLED_TREES):
     return dynatree.generate(models(arch)["target"], draft_for(arch, draft), rows, strategy, max_new_tokens=n,
-                             sampling=SAMPLED, seed=seed, stopping=stopping(), **trees.get(strategy, {}))
+                             sampling=SAMPLED, seed=seed, stopping=stopping(), **trees.get(strategy, {}), text=False)
 
 
 def sample_single(arch: str, strategy: str, draft: str, row: list[int], seed: int, n: int, trees=SAMPLED_TREES):
     out = dynatree.generate(models(arch)["target"], draft_for(arch, draft), torch.tensor([row]), strategy,
                             max_new_tokens=n, sampling=SAMPLED, seed=seed, stopping=stopping(),
-                            **trees.get(strategy, {}))
+                            **trees.get(strategy, {}), text=False)
     return out.sequences[0, len(row):].tolist()
 
 
@@ -421,7 +421,7 @@ def test_a_sampled_row_with_a_capped_tree_does_not_depend_on_its_neighbours() ->
     stopped = dynatree.generate(models("llama")["target"], draft_for("llama", "perturbed"), rows, "dyspec",
                                 max_new_tokens=20, sampling=SAMPLED, seed=seeds,
                                 stopping=dynatree.StoppingConfig(eos_token_id=early[0], pad_token_id=0),
-                                **trees["dyspec"])
+                                **trees["dyspec"], text=False)
     assert [r.active for r in stopped.stats.rounds][-1] < 3  # a neighbour did stop early
     assert row_tokens(stopped, 0, width) == mine
 

@@ -38,7 +38,7 @@ def test_stop_string_matches_hf(tokenizer, strategy: str) -> None:
     ref = target.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None, pad_token_id=0,
                           stop_strings=[stop], tokenizer=tokenizer)
     out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40,
-                            stopping=StoppingConfig(eos_token_id=(), stop_strings=(stop,)), tokenizer=tokenizer)
+                            stopping=StoppingConfig(eos_token_id=(), stop_strings=(stop,)), tokenizer=tokenizer, text=False)
     assert ref.shape[1] < free.shape[1]  # the stop string did stop HF early
     assert torch.equal(out.sequences, ref)
     assert stop in tokenizer.decode(out.sequences[0, 5:])
@@ -72,7 +72,7 @@ def test_a_batch_stops_each_row_at_its_own_stop_string(tokenizer, strategy: str)
                             stop_strings=[stop], tokenizer=tokenizer)[0, len(r):].tolist() for r in rows]
     out = dynatree.generate(target, draft, [r.tolist() for r in rows], strategy, max_new_tokens=30,
                             tokenizer=tokenizer,
-                            stopping=StoppingConfig(eos_token_id=(), stop_strings=(stop,), pad_token_id=0))
+                            stopping=StoppingConfig(eos_token_id=(), stop_strings=(stop,), pad_token_id=0), text=False)
     assert len(refs[1]) < 30 and [len(r) for r in (refs[0], refs[2])] == [30, 30]  # only row 1 stops early
     assert [s.new_tokens for s in out.stats] == [len(r) for r in refs]
     for b, ref in enumerate(refs):

@@ -63,7 +63,7 @@ def traced_run(tmp_path: Path, tokenizer=None):
     path = tmp_path / "trace.html"
     recorder = TraceRecorder()  # a second recorder, chained through on_round, to compare against
     out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=30, stopping=NO_EOS, trace=path,
-                            tokenizer=tokenizer, on_round=recorder, **OPTIONS)
+                            tokenizer=tokenizer, on_round=recorder, **OPTIONS, text=False)
     return out, path, recorder.rounds
 
 

@@ -43,7 +43,7 @@ def run(source: str) -> tuple[torch.Tensor, torch.Tensor, int]:
     prompt = [5, 9, 14, 3, 22, 7]
     ref = generate(target, None, prompt, "autoregressive", max_new_tokens=40, stopping=NEVER).sequences
     phrase = ref[0, len(prompt) + 12:len(prompt) + 20].tolist()  # what the target writes at step 12
-    out = generate(target, space["Phrase"](phrase), prompt, max_new_tokens=40, stopping=NEVER)
+    out = generate(target, space["Phrase"](phrase), prompt, max_new_tokens=40, stopping=NEVER, text=False)
     return ref, out.sequences, max(r.accepted for r in out.stats.rounds)
 
 

@@ -79,7 +79,7 @@ def test_resolving_decides_every_field_and_twice_changes_nothing(model, monkeypa
 def test_default_generate_is_exact(model) -> None:
     ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(0))
     no_eos = StoppingConfig(eos_token_id=())
-    out = dynatree.generate(model, model, ids, max_new_tokens=12, stopping=no_eos)
+    out = dynatree.generate(model, model, ids, max_new_tokens=12, stopping=no_eos, text=False)
     ref = dynatree.generate(model, None, ids, "autoregressive", options=EngineOptions(engine="hf"), max_new_tokens=12,
                             stopping=no_eos)
     assert torch.equal(out.sequences, ref.sequences)

@@ -85,6 +85,20 @@ def test_tp_static_engine_and_unseeded_dyspec_are_exact(tp_results: list[dict], 
         assert res["unseeded/dyspec"] == ref
 
 
+def test_tp_default_hybrid_draft_is_exact_and_ranks_agree(tp_results: list[dict], unsharded: dict) -> None:
+    """The default draft (the model and the text in one tree) on a sharded target: greedy equals
+    unsharded HF greedy on every rank, and a seeded sampled run draws the same on both ranks as
+    unsharded."""
+    ref = _reference(unsharded)
+    for res in tp_results:
+        assert res["greedy-hybrid/dynatree"] == ref
+    r0, r1 = (res["sampled-hybrid/dyspec"] for res in tp_results)
+    one = dynatree.generate(unsharded["target"], unsharded["draft"], torch.tensor([PROMPT]), "dyspec",
+                            max_new_tokens=NEW, stopping=NO_EOS, sampling=SamplingConfig(temperature=TEMPERATURE),
+                            seed=SEED, options=EngineOptions(cpu_linear=False), **SAMPLED_OPTIONS["dyspec"])
+    assert r0 == r1 == one.sequences[0].tolist()
+
+
 @pytest.mark.parametrize("strategy", sorted(OPTIONS))
 def test_tp_sampling_ranks_agree_with_unsharded_seeded_run(tp_results: list[dict], unsharded: dict,
                                                           strategy: str) -> None:
@@ -92,7 +106,7 @@ def test_tp_sampling_ranks_agree_with_unsharded_seeded_run(tp_results: list[dict
     assert r0 == r1
     one = dynatree.generate(unsharded["target"], unsharded["draft"], torch.tensor([PROMPT]), strategy,
                             max_new_tokens=NEW, stopping=NO_EOS, sampling=SamplingConfig(temperature=TEMPERATURE),
-                            seed=SEED, options=EngineOptions(cpu_linear=False), **SAMPLED_OPTIONS[strategy])
+                            seed=SEED, options=EngineOptions(cpu_linear=False), **SAMPLED_OPTIONS[strategy], text=False)
     assert r0 == one.sequences[0].tolist()
 
 
@@ -136,13 +150,13 @@ def test_device_map_with_offloaded_layer_is_exact(tmp_path: Path, unsharded: dic
     ref = _reference(unsharded)
     ids = torch.tensor([PROMPT])
     for strategy, opts in OPTIONS.items():
-        out = dynatree.generate(target, unsharded["draft"], ids, strategy, max_new_tokens=NEW, stopping=NO_EOS, **opts)
+        out = dynatree.generate(target, unsharded["draft"], ids, strategy, max_new_tokens=NEW, stopping=NO_EOS, **opts, text=False)
         assert out.sequences[0].tolist() == ref, strategy
     sampled = SamplingConfig(temperature=TEMPERATURE)
     out = dynatree.generate(target, unsharded["draft"], ids, "dyspec", max_new_tokens=NEW, stopping=NO_EOS,
-                            sampling=sampled, seed=SEED, **OPTIONS["dyspec"])
+                            sampling=sampled, seed=SEED, **OPTIONS["dyspec"], text=False)
     one = dynatree.generate(unsharded["target"], unsharded["draft"], ids, "dyspec", max_new_tokens=NEW,
-                            stopping=NO_EOS, sampling=sampled, seed=SEED, **OPTIONS["dyspec"])
+                            stopping=NO_EOS, sampling=sampled, seed=SEED, **OPTIONS["dyspec"], text=False)
     assert torch.equal(out.sequences, one.sequences)
 
 
@@ -151,7 +165,7 @@ def test_dyspec_threshold_defaults_fit_a_short_model() -> None:
     counted as the tree depth and the run refused; the depth is now bounded by max_new_tokens."""
     target = _target()
     out = dynatree.generate(target, perturbed(target), torch.tensor([PROMPT]), "dyspec-threshold",
-                            max_new_tokens=NEW, stopping=NO_EOS)
+                            max_new_tokens=NEW, stopping=NO_EOS, text=False)
     assert out.sequences[0].tolist() == hf_greedy(target, torch.tensor([PROMPT]), NEW)[0].tolist()
     assert max(r.depth for r in out.stats.rounds) <= NEW
 

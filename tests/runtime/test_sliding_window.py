@@ -67,7 +67,7 @@ def reference(arch: str, window: int = 6) -> torch.Tensor:
 def run(arch: str, strategy: str, window: int = 6, **kw) -> torch.Tensor:
     target, draft = models(arch, window)
     opts = {**OPTIONS.get(strategy, {}), **kw}
-    return dynatree.generate(target, draft, prompt(), strategy, max_new_tokens=NEW, stopping=NO_EOS, **opts).sequences
+    return dynatree.generate(target, draft, prompt(), strategy, max_new_tokens=NEW, stopping=NO_EOS, **opts, text=False).sequences
 
 
 def test_models_really_slide() -> None:

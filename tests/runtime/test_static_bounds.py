@@ -56,7 +56,7 @@ def test_every_strategy_at_its_defaults_runs_on_small_buckets(pair, strategy: st
     ids = torch.tensor([[5, 9, 17, 3, 44, 12]])
     spy = RowSpy(monkeypatch)
     out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=24, seed=0,
-                            options=EngineOptions(engine="static", buckets=CPU_BUCKETS))
+                            options=EngineOptions(engine="static", buckets=CPU_BUCKETS), text=False)
     assert out.sequences.tolist() == hf_greedy(target, ids, 24).tolist()
     assert spy.rows and max(spy.rows) <= CPU_BUCKETS[-1]
     drafted = [r.drafted for r in out.stats.rounds]
@@ -69,7 +69,7 @@ def test_dyspec_threshold_default_fills_the_largest_bucket(pair, monkeypatch) ->
     target, draft = pair
     ids = torch.tensor([[7, 3, 29, 30, 2]])
     out = dynatree.generate(target, draft, ids, "dyspec-threshold", max_new_tokens=12, seed=1,
-                            options=EngineOptions(engine="static", buckets=(1, 4, 16)))
+                            options=EngineOptions(engine="static", buckets=(1, 4, 16)), text=False)
     assert out.sequences.tolist() == hf_greedy(target, ids, 12).tolist()
     assert max(r.drafted for r in out.stats.rounds) == 15
 
@@ -81,7 +81,7 @@ def test_text_and_hybrid_sources_are_capped(pair, budget: int) -> None:
     want = hf_greedy(target, ids, 20).tolist()
     options = EngineOptions(engine="static", buckets=(1, 2, 4, 8))
     for source in (TextDraft(budget=budget, trim=False), TextDraft(model=draft, budget=budget, trim=False)):
-        out = dynatree.generate(target, source, ids, "dyspec", max_new_tokens=20, seed=0, options=options)
+        out = dynatree.generate(target, source, ids, "dyspec", max_new_tokens=20, seed=0, options=options, text=False)
         assert out.sequences.tolist() == want
         assert max(r.drafted for r in out.stats.rounds) <= 7
 
@@ -122,7 +122,7 @@ def test_target_as_its_own_draft_gets_its_own_cache(pair) -> None:
     target, _ = pair
     ids = torch.randint(2, 96, (1, 700), generator=torch.Generator().manual_seed(3))
     out = dynatree.generate(target, target, ids, "linear", max_new_tokens=100,
-                            options=EngineOptions(engine="static", buckets=(1, 2, 4, 8)))
+                            options=EngineOptions(engine="static", buckets=(1, 2, 4, 8)), text=False)
     assert out.sequences.tolist() == hf_greedy(target, ids, 100).tolist()
     pool = engines.DEFAULT_POOL.entries(target)
     roles = {key[0] for key in pool}
@@ -149,14 +149,14 @@ def test_no_tree_is_deeper_than_the_tokens_left(pair, strategy: str) -> None:
     options = {"linear": {"k": 6}, "fixed": {"depth": 5, "tau": 0.0}, "dynatree": {"tau": 0.0, "d0": 5, "d_max": 6},
                "dyspec": {"max_nodes": 64}, "dyspec-threshold": {"threshold": 1e-4}}
     for n in (1, 2, 5):
-        out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=n, **options[strategy])
+        out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=n, **options[strategy], text=False)
         assert out.sequences.tolist() == hf_greedy(target, ids, n).tolist()
         left = n
         for r in out.stats.rounds:
             assert r.depth <= left - 1, (n, [x.depth for x in out.stats.rounds])
             left -= r.committed
-    one = dynatree.generate(target, draft, ids, strategy, max_new_tokens=1, **options[strategy])
+    one = dynatree.generate(target, draft, ids, strategy, max_new_tokens=1, **options[strategy], text=False)
     assert [(r.drafted, r.draft_calls) for r in one.stats.rounds] == [(0, 0)]  # one plain step
-    two = dynatree.generate(target, draft, ids, strategy, max_new_tokens=2, **options[strategy])
+    two = dynatree.generate(target, draft, ids, strategy, max_new_tokens=2, **options[strategy], text=False)
     # the root's children only, from the draft's prefill: no draft call, no level past depth 1
     assert two.stats.rounds[0].draft_calls == 0 and two.stats.rounds[0].depth == 1

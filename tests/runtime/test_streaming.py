@@ -101,12 +101,12 @@ def test_every_strategy_equals_the_streaming_llm_reference(arch: str) -> None:
     draft = perturbed(target)
     ids = prompt()
     ref = streaming_llm_reference(target, ids, NEW, SINKS, WINDOW)
-    full_context = generate(target, draft, ids, "autoregressive", max_new_tokens=40, stopping=NO_EOS)
+    full_context = generate(target, draft, ids, "autoregressive", max_new_tokens=40, stopping=NO_EOS, text=False)
     full_context = full_context.sequences[0, 13:].tolist()
     assert ref[:40] != full_context, "the window must change the output, or the test proves nothing"
     for name, opts in SPECS.items():
         out = generate(target, draft, ids, name, max_new_tokens=NEW, stopping=NO_EOS, options=EVICTING,
-                       seed=0, **opts)
+                       seed=0, **opts, text=False)
         assert out.sequences[0, 13:].tolist() == ref, f"{arch}/{name} differs from StreamingLLM decoding"
 
 
@@ -118,7 +118,7 @@ def test_round_granular_sinks_are_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     draft = perturbed(target)
     ids = prompt()
     ref = streaming_llm_reference(target, ids, NEW, SINKS, WINDOW)
-    outs = [generate(target, draft, ids, name, max_new_tokens=NEW, stopping=NO_EOS, options=EVICTING, **SPECS[name])
+    outs = [generate(target, draft, ids, name, max_new_tokens=NEW, stopping=NO_EOS, options=EVICTING, **SPECS[name], text=False)
             .sequences[0, 13:].tolist() for name in ("linear", "fixed", "dynatree")]
     assert any(out != ref for out in outs)
 
@@ -127,9 +127,9 @@ def test_window_larger_than_the_run_changes_nothing() -> None:
     target = tiny_model("neox")
     draft = perturbed(target)
     ids = prompt()
-    full = generate(target, draft, ids, "dynatree", max_new_tokens=50, stopping=NO_EOS, max_nodes=8).sequences
+    full = generate(target, draft, ids, "dynatree", max_new_tokens=50, stopping=NO_EOS, max_nodes=8, text=False).sequences
     evicting = generate(target, draft, ids, "dynatree", max_new_tokens=50, stopping=NO_EOS, max_nodes=8,
-                        options=EngineOptions(kv_window=200)).sequences
+                        options=EngineOptions(kv_window=200), text=False).sequences
     assert torch.equal(full, evicting)
 
 
@@ -145,7 +145,7 @@ def test_cache_stays_bounded_and_prompt_longer_than_window(monkeypatch: pytest.M
     target = tiny_model("llama", layers=1, max_positions=64)
     ids = prompt(150)  # longer than the model's context and than the window
     out = generate(target, perturbed(target), ids, "dynatree", max_new_tokens=300, stopping=NO_EOS, max_nodes=8,
-                   options=EngineOptions(kv_window=24, kv_sinks=4))
+                   options=EngineOptions(kv_window=24, kv_sinks=4), text=False)
     assert out.sequences.shape[1] == 450
     chunk = 64  # StreamingConfig.evict_chunk
     assert rows and max(rows) <= 4 + 24 + chunk + 8 + 1
@@ -167,16 +167,16 @@ def test_streaming_errors(kwargs: dict, message: str) -> None:
     engine = {k: v for k, v in kwargs.items() if k in ENGINE_FIELDS}  # refused where EngineOptions is built
     kwargs = {"strategy": "dynatree", **{k: v for k, v in kwargs.items() if k not in ENGINE_FIELDS}}
     with pytest.raises(DynaTreeError, match=re.escape(message)):
-        generate(target, perturbed(target), prompt(), max_new_tokens=8, options=EngineOptions(**engine), **kwargs)
+        generate(target, perturbed(target), prompt(), max_new_tokens=8, options=EngineOptions(**engine), **kwargs, text=False)
 
 
 def test_learned_positions_are_refused() -> None:
     target = tiny_model("gpt2")
     with pytest.raises(DynaTreeError, match="needs NeoX-style rotary positions"):
-        generate(target, perturbed(target), prompt(), "linear", max_new_tokens=8, options=EngineOptions(kv_window=32))
+        generate(target, perturbed(target), prompt(), "linear", max_new_tokens=8, options=EngineOptions(kv_window=32), text=False)
 
 
 def test_too_long_without_eviction_suggests_it() -> None:
     target = tiny_model("llama", max_positions=64)
     with pytest.raises(DynaTreeError, match=r"EngineOptions\(kv_window=N\)"):
-        generate(target, perturbed(target), prompt(), "linear", max_new_tokens=100)
+        generate(target, perturbed(target), prompt(), "linear", max_new_tokens=100, text=False)

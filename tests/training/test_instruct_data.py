@@ -275,7 +275,7 @@ def test_feature_head_on_instruct_data_reads_fused_layers_end_to_end(small_stdli
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
     stop = StoppingConfig(eos_token_id=())
     ref = generate(target, None, prompt, "autoregressive", max_new_tokens=12, stopping=stop).sequences
-    assert torch.equal(generate(target, draft, prompt, "dynatree", max_new_tokens=12, stopping=stop).sequences, ref)
+    assert torch.equal(generate(target, draft, prompt, "dynatree", max_new_tokens=12, stopping=stop, text=False).sequences, ref)
 
 
 def test_interrupted_labelling_resumes_from_its_partial_file(small_stdlib, tmp_path: Path,

@@ -158,7 +158,7 @@ def run_one(target: torch.nn.Module, draft: torch.nn.Module | None, spec: Strate
                                   min_new_tokens=0, pad_token_id=pad_token_id)
     else:
         out = generate(target, draft_for(spec, draft), ids, make_policy(spec.name, **spec.policy_options),
-                                attention_mask=mask, max_new_tokens=max_new_tokens,
+                                text=spec.source != "model", attention_mask=mask, max_new_tokens=max_new_tokens,
                                 stopping=StoppingConfig(pad_token_id=pad_token_id),
                                 options=spec.engine_options(options))
         seq = out.sequences

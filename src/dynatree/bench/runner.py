@@ -181,6 +181,7 @@ def run_engine(
         draft_for(spec, draft, cache),
         list(prompt.ids),
         make_policy(spec.name, **spec.policy_options),
+        text=spec.source != "model",  # source=model: the draft model's tree alone
         max_new_tokens=max_new_tokens,
         stopping=StoppingConfig(eos_token_id=_eos(settings)),
         seed=0,  # DySpec samples its children: fix the draw so reruns build the same trees

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 import torch
 from transformers import TextStreamer
 
-from dynatree.loop.generate import generate, max_positions, run_positions
+from dynatree.loop.generate import generate, max_positions, run_positions, with_text
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
 from dynatree.core.sampling import SamplingConfig
@@ -77,7 +77,12 @@ class ChatSession:
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None, tokenizer: Any,
                  strategy: str | DraftPolicy = "dynatree", *, system: str | None = None,
                  out: TextIO | None = None, max_new_tokens: int = 256, sampling: SamplingConfig | None = None,
-                 options: EngineOptions | None = None, seed: int | None = None, **strategy_options: Any) -> None:
+                 options: EngineOptions | None = None, seed: int | None = None, text: bool = True,
+                 **strategy_options: Any) -> None:
+        policy = make_policy(strategy, **strategy_options)  # (refuses a bad strategy before the first message)
+        # the draft as generate() runs it: a draft model joined by the text unless text=False
+        self.text = text
+        draft = with_text(draft, text) if policy.uses_draft else draft
         self.target, self.draft, self.tokenizer, self.strategy = target, draft, tokenizer, strategy
         self.system, self.out, self.max_new_tokens = system, out, max_new_tokens
         self.sampling, self.options, self.seed = sampling, options or EngineOptions(), seed
@@ -122,7 +127,7 @@ class ChatSession:
             result = generate(self.target, self.draft, ids, self.strategy, max_new_tokens=self.max_new_tokens,
                               sampling=self.sampling, options=self.options, seed=self.seed,
                               stopping=StoppingConfig(eos_token_id=chat_eos(self.target, self.tokenizer)),
-                              truncate_prompt=True, tokenizer=self.tokenizer, on_round=streamer.on_round,
+                              truncate_prompt=True, tokenizer=self.tokenizer, on_round=streamer.on_round, text=self.text,
                               **self.strategy_options)
         except BaseException:
             self.messages = before  # the turn did not happen, nor did dropping turns for it

@@ -1,20 +1,19 @@
-"""The flat keywords :func:`dynatree.generate` took before its typed groups, kept for one release.
+"""The flat keywords :func:`dynatree.generate` took in dynatree 0.1, refused since 0.2.
 
-``generate(..., temperature=0.8, engine="static", eos_token_id=[], stop_strings="\\n")`` is now
+``generate(..., temperature=0.8, engine="static", eos_token_id=[], stop_strings="\\n")`` is
 ``generate(..., sampling=SamplingConfig(temperature=0.8), options=EngineOptions(engine="static"),
 stopping=StoppingConfig(eos_token_id=(), stop_strings=("\\n",)))``: each group is validated where
-it is built, and a misspelt keyword can no longer pass as an option of the strategy. The old
-spellings (and ``max_new_tokens`` / ``eos_token_id`` given by position) still work, with one
-:class:`DeprecationWarning` per call that names the group to use; they go in dynatree 0.2.
+it is built, and a misspelt keyword can no longer pass as an option of the strategy. 0.1 accepted
+the old spellings with a ``DeprecationWarning``; 0.2 refuses them in one line that names the group
+to use, before any model runs (a flat keyword left to the strategy's options would be refused as
+"unknown option of dynatree", which does not say where it went).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from dynatree.core.sampling import SamplingConfig
@@ -24,76 +23,41 @@ from dynatree.options import EngineOptions, StoppingConfig
 SAMPLING = tuple(f.name for f in dataclasses.fields(SamplingConfig))
 ENGINE = tuple(f.name for f in dataclasses.fields(EngineOptions))
 STOPPING = tuple(f.name for f in dataclasses.fields(StoppingConfig))
-POSITIONAL = ("max_new_tokens", "eos_token_id")  # generate's 5th and 6th positional parameters, once
 REMOVED_IN = "dynatree 0.2"
 
 
-@dataclass(frozen=True)
-class Groups:
-    """A call's settings once the flat keywords are folded into their groups."""
-
-    max_new_tokens: int
-    sampling: SamplingConfig
-    options: EngineOptions
-    stopping: StoppingConfig
-    strategy_options: dict[str, Any]
-
-
-def group(positional: tuple[Any, ...], keywords: dict[str, Any], *, max_new_tokens: int,
-          sampling: SamplingConfig | None, options: EngineOptions | None,
-          stopping: StoppingConfig | None) -> Groups:
-    """Fold deprecated positional values and flat keywords into the typed groups (warning once).
-
-    What is left of ``keywords`` is the strategy's own options (``k=5`` for linear). A value given
-    both flat and in its group is refused rather than one silently winning."""
-    if len(positional) > len(POSITIONAL):
-        raise DynaTreeError(f"generate() takes at most 4 positional arguments (target, draft, input_ids, strategy), "
-                            f"got {4 + len(positional)}")
-    keywords = dict(keywords)
-    used: list[str] = []
-    for name, value in zip(POSITIONAL, positional):
-        if name == "max_new_tokens":
-            if max_new_tokens != 128:
-                raise DynaTreeError("max_new_tokens given both by position and as a keyword")
-            max_new_tokens = value
-        elif name in keywords:
-            raise DynaTreeError(f"{name} given both by position and as a keyword")
-        else:
-            keywords[name] = value
-        used.append(f"{name} by position")
-    flat = {name: keywords.pop(name) for name in (*SAMPLING, *ENGINE, *STOPPING) if name in keywords}
+def refuse(keywords: dict[str, Any]) -> None:
+    """One line for flat keywords among ``keywords`` (generate's leftover keywords, which are
+    otherwise the strategy's own options): which group each belongs in."""
     hints = []
-    for names, given, kind, arg in ((SAMPLING, sampling, SamplingConfig, "sampling"),
-                                    (ENGINE, options, EngineOptions, "options"),
-                                    (STOPPING, stopping, StoppingConfig, "stopping")):
-        mine = {n: flat[n] for n in names if n in flat}
-        if not mine:
-            continue
-        used += [f"{n}=" for n in mine if f"{n} by position" not in used]
-        hints.append(f"{arg}={kind.__name__}({', '.join(f'{n}=...' for n in mine)})")
-        if kind is EngineOptions:  # (settings given twice but equal are fine, as before)
-            options = EngineOptions.merge(options, **mine)
-        elif given is not None:
-            raise DynaTreeError(f"{', '.join(mine)} given both as keyword(s) and in {arg}=: pass them in {arg}= only")
-        elif kind is SamplingConfig:
-            sampling = SamplingConfig(**mine)
-        else:
-            stopping = StoppingConfig(**mine)
-    if used:
-        fixes = hints + (["max_new_tokens= by keyword"] if "max_new_tokens by position" in used else [])
-        warnings.warn(f"generate(): {', '.join(used)} {'is' if len(used) == 1 else 'are'} deprecated and stop "
-                      f"working in {REMOVED_IN}; pass {' and '.join(fixes)} instead", DeprecationWarning, stacklevel=3)
-    return Groups(max_new_tokens, sampling or SamplingConfig(), options or EngineOptions(),
-                  stopping or StoppingConfig(), keywords)
+    for names, kind, arg in ((SAMPLING, SamplingConfig, "sampling"), (ENGINE, EngineOptions, "options"),
+                             (STOPPING, StoppingConfig, "stopping")):
+        mine = [n for n in names if n in keywords]
+        if mine:
+            hints.append((mine, f"{arg}={kind.__name__}({', '.join(f'{n}=...' for n in mine)})"))
+    if hints:
+        flat = ", ".join(f"{n}=" for mine, _ in hints for n in mine)
+        raise DynaTreeError(f"generate(): {flat} {'was' if len(hints) == 1 and ', ' not in flat else 'were'} "
+                            f"removed in {REMOVED_IN}; pass {' and '.join(h for _, h in hints)} instead")
 
 
 def suggest(unknown: Iterable[str], known: Iterable[str]) -> str:
-    """``"did you mean temperature= for temprature=?"`` for keywords close to one of ``known``
-    (generate's own parameters and the flat keywords), else ``""``."""
+    """``"did you mean sampling=SamplingConfig(temperature=...) for temprature=?"`` for keywords
+    close to one of ``known``
+    (generate's own parameters and the groups' fields), else ``""``."""
     known = list(known)
     pairs = [(name, difflib.get_close_matches(name, known, n=1, cutoff=0.75)) for name in unknown]
-    found = [f"{close[0]}= for {name}=" for name, close in pairs if close]
+    found = [f"{_spelling(close[0])} for {name}=" for name, close in pairs if close]
     return f"did you mean {', '.join(found)}?" if found else ""
 
 
-__all__ = ["ENGINE", "SAMPLING", "STOPPING", "Groups", "group", "suggest"]
+def _spelling(name: str) -> str:
+    """How ``name`` is passed to generate: its own keyword, or inside its settings group."""
+    for names, kind, arg in ((SAMPLING, SamplingConfig, "sampling"), (ENGINE, EngineOptions, "options"),
+                             (STOPPING, StoppingConfig, "stopping")):
+        if name in names:
+            return f"{arg}={kind.__name__}({name}=...)"
+    return f"{name}="
+
+
+__all__ = ["ENGINE", "SAMPLING", "STOPPING", "refuse", "suggest"]

@@ -29,6 +29,8 @@ from dynatree.core.clock import sync_clock
 from dynatree.loop import backoff as backoff_module, flat_keywords
 from dynatree.loop.backoff import Backoff
 from dynatree.drafts.registry import open_proposer, proposer_for
+from dynatree.drafts.feature import FeatureProposer
+from dynatree.drafts.model import ModelProposer
 from dynatree.drafts.suffix import TextDraft
 from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
@@ -50,7 +52,8 @@ def generate(
     draft: torch.nn.Module | TextDraft | None,
     input_ids: torch.Tensor | Sequence[int],
     strategy: str | DraftPolicy = "dynatree",
-    *deprecated_positional: Any,
+    *,
+    text: bool = True,
     max_new_tokens: int = 128,
     attention_mask: torch.Tensor | Sequence[Sequence[int]] | None = None,
     sampling: SamplingConfig | None = None,
@@ -72,16 +75,16 @@ def generate(
     Settings come in three typed groups, each validated when it is built: ``sampling``
     (:class:`~dynatree.core.sampling.SamplingConfig`), ``options`` (the engine:
     :class:`~dynatree.options.EngineOptions`) and ``stopping``
-    (:class:`~dynatree.options.StoppingConfig`). The flat keywords of earlier releases
-    (``temperature=``, ``engine=``, ``eos_token_id=``, ...) still work, with a
-    ``DeprecationWarning`` (:mod:`dynatree.loop.flat_keywords`).
+    (:class:`~dynatree.options.StoppingConfig`). The flat keywords of dynatree 0.1
+    (``temperature=``, ``engine=``, ``eos_token_id=``, ...) are refused since 0.2, with the group
+    to use (:mod:`dynatree.loop.flat_keywords`).
 
     Args:
         target: any HF causal LM (GPTNeoX/Pythia, Llama, Qwen2, GPT-2, ...), unmodified.
-        draft: a causal LM over the same vocabulary; None to draft from the text itself (the
-            prompt and what has been written: no second model); a
-            :class:`~dynatree.drafts.suffix.TextDraft` to tune that, or with ``model=`` to draft
-            from both in one tree.
+        draft: a causal LM over the same vocabulary (with ``text``, the default, it drafts in one
+            tree with the text itself); None to draft from the text alone (the prompt and what has
+            been written: no second model); a :class:`~dynatree.drafts.suffix.TextDraft` to tune
+            the text's part, or with ``model=`` to draft from both with those settings.
         input_ids: one prompt, ``[1, L]`` or ``[L]``; or a batch: ``[B, L]`` (left-padded, with
             ``attention_mask``) or a list of prompts of different lengths. Each row of a batch
             grows its own tree, all rows are verified in one target forward
@@ -92,6 +95,12 @@ def generate(
             shape of the draft model's tree. With no draft model (``draft=None``, or a
             ``TextDraft`` without ``model=``) the tree is the text's own and the strategy shapes
             nothing (``"autoregressive"`` still turns drafting off).
+        text: with a draft model, also draft from the text itself (prompt and answer so far) in
+            the same tree, as the CLI does: the fastest exact configuration measured (the model
+            sits out the rounds where the text is confident). False: the draft model's tree alone,
+            as in the DynaTree and DySpec papers (for reproducing them and for the bench's
+            ``source=model``). It applies to a draft model only: ``None`` and a ``TextDraft``
+            draft from the text whatever it says.
         max_new_tokens: tokens to generate at most (the last round is truncated exactly).
         attention_mask: with a ``[B, L]`` batch, 0 where a row is left padding (HF's convention).
         sampling: temperature (0, the default, is greedy), top-k, top-p on the target, and the
@@ -130,11 +139,11 @@ def generate(
         laid out as HF's (left-padded prompts, answers right-padded with ``stopping.pad_token_id``)
         and a :class:`~dynatree.core.stats.BatchStats` (``stats[b]``: row ``b``'s).
     """
-    groups = flat_keywords.group(deprecated_positional, strategy_options, max_new_tokens=max_new_tokens,
-                                 sampling=sampling, options=options, stopping=stopping)
-    max_new_tokens, sampling, options, stopping = (groups.max_new_tokens, groups.sampling, groups.options,
-                                                   groups.stopping)
-    policy = _policy(strategy, groups.strategy_options)
+    flat_keywords.refuse(strategy_options)
+    sampling, options, stopping = (_group(sampling, SamplingConfig, "sampling"), _group(options, EngineOptions, "options"),
+                                   _group(stopping, StoppingConfig, "stopping"))
+    policy = _policy(strategy, strategy_options)
+    draft = with_text(draft, text) if policy.uses_draft else draft
     check_causal_lm(target, "target")
     prompts = prompt_rows(input_ids, attention_mask, target)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -200,6 +209,28 @@ def generate(
     return result
 
 
+def _group(value: Any, kind: type, name: str) -> Any:
+    """A settings group as given, or its defaults for None; anything else refused in one line."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise DynaTreeError(f"{name}= takes a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def with_text(draft: Any, text: bool) -> Any:
+    """What drafts the run: a draft model joined by the text in one tree (``text=True``, a
+    :class:`~dynatree.drafts.suffix.TextDraft` wrapping it), or the draft as given. ``text`` applies
+    to a draft model only (the built-in model and feature-head proposers): ``None`` and a
+    ``TextDraft`` draft from the text whatever it says, and a draft that a proposer of one's own
+    takes stays its."""
+    if not isinstance(text, bool):
+        raise DynaTreeError(f"text must be True or False, got {text!r}")
+    if text and proposer_for(draft) in (ModelProposer, FeatureProposer):
+        return TextDraft(model=draft)
+    return draft
+
+
 def _pacer(backoff: bool | Backoff | None, applies: bool) -> Backoff | None:
     """The run's back-off controller: None when it is off (``backoff=False``, or None with
     ``DYNATREE_BACKOFF=off``) or does not apply (no proposer, a sampled or tensor-parallel run);
@@ -231,7 +262,7 @@ def _policy(strategy: str | DraftPolicy, strategy_options: dict[str, Any]) -> Dr
             return copy.deepcopy(strategy)
         return make_policy(strategy, **strategy_options)
     except DynaTreeError as error:
-        known = [p for p in inspect.signature(generate).parameters if p not in ("deprecated_positional", "strategy_options")]
+        known = [p for p in inspect.signature(generate).parameters if p != "strategy_options"]
         hint = flat_keywords.suggest(strategy_options, [*known, *flat_keywords.SAMPLING, *flat_keywords.ENGINE,
                                                         *flat_keywords.STOPPING])
         if hint:
@@ -260,10 +291,13 @@ def _cost_profile(target_kv: KVModel, target: torch.nn.Module, options: EngineOp
     return profile
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Run:
     """What one decoding run reads besides the models, the prompt and the proposer, decided once by
-    :func:`generate` (the loop itself decides nothing about settings)."""
+    :func:`generate` (the loop itself decides nothing about settings). The proposer's share of the
+    same setup is its :class:`~dynatree.core.proposer.RunContext`, built beside this one; the two
+    are frozen, so nothing in a run changes what the run was set up with (the random generator,
+    the back-off controller and the callback are objects the run uses, not settings it rewrites)."""
 
     strategy: str  # the policy's name, for the statistics
     max_new_tokens: int

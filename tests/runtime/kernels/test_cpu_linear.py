@@ -68,11 +68,11 @@ def test_engine_uses_the_layout_on_cpu_by_default_and_not_when_off(monkeypatch: 
     for engine in ("hf", "static"):
         calls.clear()
         on = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, stopping=NO_EOS,
-                               options=EngineOptions(engine=engine))
+                               options=EngineOptions(engine=engine), text=False)
         assert calls and torch.equal(on.sequences, ref)
         calls.clear()
         off = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, stopping=NO_EOS,
-                                options=EngineOptions(engine=engine, cpu_linear=False))
+                                options=EngineOptions(engine=engine, cpu_linear=False), text=False)
         assert not calls and torch.equal(off.sequences, ref)
 
 
@@ -88,7 +88,7 @@ def test_a_broken_layout_is_caught_by_the_greedy_check(monkeypatch: pytest.Monke
         return out.flip(-2) if out.dim() >= 2 and out.shape[-2] > 1 else out
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", reversed_rows)
-    out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, stopping=NO_EOS, k=3)
+    out = dynatree.generate(target, draft, ids, "linear", max_new_tokens=24, stopping=NO_EOS, k=3, text=False)
     assert not torch.equal(out.sequences, hf_greedy(target, ids, 24, None))
 
 
@@ -210,5 +210,5 @@ def test_greedy_output_with_packed_weights_equals_hf_greedy(strategy: str) -> No
     opts = {"linear": {"k": 6}, "dynatree": {"max_nodes": 12}, "dyspec": {"max_nodes": 12}}[strategy]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu_linear, "small_batch_linear", spy)
-        got = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, **opts)
+        got = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, **opts, text=False)
     assert seen and torch.equal(got.sequences, hf_greedy(target, ids, 40, None))

@@ -107,5 +107,5 @@ def test_greedy_output_equals_hf_greedy_with_the_cache_read_in_place(arch: str, 
     target = tiny_model(arch, 5, layers=3)
     draft = perturbed(target, 0.05)
     ids = torch.tensor([[3, 17, 42, 8, 29, 11, 5]])
-    got = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS)
+    got = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, text=False)
     assert torch.equal(got.sequences, hf_greedy(target, ids, 40, None))

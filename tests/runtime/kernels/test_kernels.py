@@ -71,7 +71,7 @@ def test_engine_with_kernel_is_exact() -> None:
     try:
         out = dynatree.generate(target, draft, ids, "fixed", max_new_tokens=16,
                                 stopping=dynatree.StoppingConfig(eos_token_id=()), depth=3, branch=3, tau=0.0,
-                                max_nodes=40)
+                                max_nodes=40, text=False)
     finally:
         target.set_attn_implementation("sdpa")
     assert torch.equal(out.sequences, ref)

@@ -155,7 +155,7 @@ def test_a_plan_of_all_three_kernels_is_exact(strategy: str, monkeypatch: pytest
     monkeypatch.setattr(LinearPlan, "kernel", kernel)
     options = EngineOptions(linear_plan=MIXED)
     out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=24, options=options,
-                            **({"max_nodes": 12} if strategy != "linear" else {"k": 2}))
+                            **({"max_nodes": 12} if strategy != "linear" else {"k": 2}), text=False)
     assert out.sequences.tolist() == hf_greedy(target, ids, 24).tolist()
     assert seen == {"rowmajor", "packed"} and linear_calls and set(linear_calls) == {1}
 
