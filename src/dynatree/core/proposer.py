@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from dynatree.core.costmodel import CostProfile
 from dynatree.core.kv import KVModel
-from dynatree.core.sampling import DraftSampler
+from dynatree.core.sampling import DraftSampler, SamplingConfig
 from dynatree.core.tree import TokenTree, TreeBuilder
 
 if TYPE_CHECKING:  # (options imports nothing of the package's core: no cycle)
@@ -69,13 +69,25 @@ class TreeShape(Protocol):
 
 @dataclass(frozen=True)
 class RunContext:
-    """Everything a proposer may need to open for one generation, decided once by the loop's setup.
+    """Everything one generation was set up with, decided once by :func:`dynatree.generate` and
+    read by the loop and, through :func:`~dynatree.drafts.registry.open_proposer`, by the proposer.
+    Frozen: nothing in a run rewrites what it was set up with (the random generator, the back-off
+    controller and the callback are objects the run uses, not settings).
 
-    ``policy``: the tree shape a model proposer grows (None for proposers without a model);
-    ``sampler``: the run's draft sampler when the policy samples children (None otherwise);
-    ``cost_profile``: the target's measured verify-cost profile, measured on first call (it takes
-    seconds) and only when the cost model is on, else None; a proposer asks for it in ``open``,
-    after its own checks, so a refused draft costs no measurement.
+    The proposer's part: the target and its cache, the logits width, the resolved engine
+    ``options``, ``rows`` (prompt + max_new_tokens: the most committed tokens a cache must hold),
+    ``streaming`` (a StreamingConfig under KV eviction), ``policy`` (the tree shape a model proposer
+    grows; None for proposers without a model), ``sampler`` (the run's draft sampler when the policy
+    samples children) and ``cost_profile`` (the target's measured verify-cost profile, measured on
+    first call, which takes seconds, and only when the cost model is on; a proposer asks for it in
+    ``open``, after its own checks, so a refused draft costs no measurement).
+
+    The loop's part: ``strategy`` (the policy's name, for the statistics), ``max_new_tokens``,
+    ``stop`` (EOS ids), ``stop_text`` (the stop-string matcher, or None), ``sampling``, ``rng`` (a
+    single prompt's generator; a batch's rows carry their own), ``tree_order``, ``lazy_head``,
+    ``sync`` (the tensor-parallel rank sync, or None), ``on_round``, ``backoff`` (this call's
+    controller, or None), ``shared_random`` (the trees themselves are drawn from the run's random
+    stream: DySpec), and a batch's ``pad_token_id`` and ``tree_rows`` (the verify rows its rows share).
     """
 
     target: torch.nn.Module
@@ -88,6 +100,20 @@ class RunContext:
     policy: TreeShape | None = None
     sampler: DraftSampler | None = None
     cost_profile: Callable[[], CostProfile | None] = lambda: None
+    strategy: str = ""
+    max_new_tokens: int = 0
+    stop: frozenset[int] = frozenset()
+    stop_text: Any = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    rng: torch.Generator | None = None
+    tree_order: str = "bfs"
+    lazy_head: bool = False
+    sync: Any = None
+    on_round: Callable[[Any], None] | None = None
+    backoff: Any = None
+    shared_random: bool = False
+    pad_token_id: int = 0
+    tree_rows: int = 0
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,6 @@ from dynatree.core.tree import TreeBuilder, committed_tokens, truncate_round
 from dynatree.core.verify import batch_lazy_logits, greedy_accept, sample_accept
 from dynatree.drafts.registry import open_proposer
 from dynatree.errors import DynaTreeError
-from dynatree.loop.backoff import Backoff
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
@@ -115,23 +114,8 @@ class _Row:
     done: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchRun:
-    """What a batch's loop reads besides the cache, the rows and their proposers."""
-
-    strategy: str
-    max_new_tokens: int
-    stop: set[int]
-    stop_text: Any  # a generate.StopText, or None
-    sampling: SamplingConfig
-    pad_token_id: int
-    lazy_head: bool = False
-    tree_rows: int = BATCH_TREE_ROWS
-    backoff: Backoff | None = None  # (greedy only: the batch's controller, a copy for this call)
-
-
 def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: list[list[int]],
-                 rngs: list[torch.Generator], run: BatchRun) -> GenerationResult:
+                 rngs: list[torch.Generator], run: RunContext) -> GenerationResult:
     clock = sync_clock(target.device)
     rows = [_Row(p, prop, rng, GenerationStats(strategy=run.strategy, prompt_tokens=len(p)), root=p[-1])
             for p, prop, rng in zip(prompts, proposers, rngs)]

@@ -182,24 +182,26 @@ def generate(
         if streaming is not None:
             target_kv = StreamingKV(target_kv, streaming, rope)
         lazy_head = _lazy_head(options, target_kv)
-        proposer = None
-        if proposer_cls is not None:
-            context = RunContext(
-                target, target_kv, vocab, options, len(prompt) + max_new_tokens, streaming, allow_vocab_mismatch,
-                policy=policy if proposer_cls.models(draft) else None,  # (no draft model: no tree shape)
-                sampler=DraftSampler(rng, sampling.draft_temperature) if policy.samples_children else None,
-                cost_profile=_cost_profile(target_kv, target, options, lazy_head, streaming, policy, proposer_cls, draft))
-            proposer = open_proposer(draft, context)
         recorder = None
         if trace is not None:
             from dynatree.loop.trace import TraceRecorder
 
             recorder = TraceRecorder(tokenizer, on_round)
             on_round = recorder
-        pacer = _pacer(backoff, proposer is not None and sampling.greedy and sync is None)
-        run = Run(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling, rng,
-                  options.tree_order, lazy_head, sync, on_round, pacer, shared_random=policy.samples_children)
-        result = _decode(target_kv, proposer, prompt, run)
+        # The run's whole setup, in one frozen context: what the proposer opens from and the loop reads.
+        drafts = proposer_cls is not None
+        context = RunContext(
+            target, target_kv, vocab, options, len(prompt) + max_new_tokens, streaming, allow_vocab_mismatch,
+            policy=policy if drafts and proposer_cls.models(draft) else None,  # (no draft model: no tree shape)
+            sampler=DraftSampler(rng, sampling.draft_temperature) if drafts and policy.samples_children else None,
+            cost_profile=(_cost_profile(target_kv, target, options, lazy_head, streaming, policy, proposer_cls, draft)
+                          if drafts else lambda: None),
+            strategy=policy.name, max_new_tokens=max_new_tokens, stop=_eos_set(target, stopping.eos_token_id),
+            stop_text=stop_text, sampling=sampling, rng=rng, tree_order=options.tree_order, lazy_head=lazy_head,
+            sync=sync, on_round=on_round, backoff=_pacer(backoff, drafts and sampling.greedy and sync is None),
+            shared_random=policy.samples_children)
+        proposer = open_proposer(draft, context) if drafts else None
+        result = _decode(target_kv, proposer, prompt, context)
         result.stats.cost_profile = policy.cost_profile
     if recorder is not None:
         recorder.write(trace, result, policy)
@@ -291,29 +293,7 @@ def _cost_profile(target_kv: KVModel, target: torch.nn.Module, options: EngineOp
     return profile
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """What one decoding run reads besides the models, the prompt and the proposer, decided once by
-    :func:`generate` (the loop itself decides nothing about settings). The proposer's share of the
-    same setup is its :class:`~dynatree.core.proposer.RunContext`, built beside this one; the two
-    are frozen, so nothing in a run changes what the run was set up with (the random generator,
-    the back-off controller and the callback are objects the run uses, not settings it rewrites)."""
-
-    strategy: str  # the policy's name, for the statistics
-    max_new_tokens: int
-    stop: set[int]  # EOS token ids
-    stop_text: "StopText | None"
-    sampling: SamplingConfig
-    rng: torch.Generator
-    tree_order: str = "bfs"
-    lazy_head: bool = False
-    sync: "distributed.RankSync | None" = None
-    on_round: Callable[[RoundEvent], None] | None = None
-    backoff: Backoff | None = None
-    shared_random: bool = False  # the trees themselves are drawn from the run's random stream (DySpec)
-
-
-def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: Run) -> GenerationResult:
+def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: RunContext) -> GenerationResult:
     max_new_tokens, stop, stop_text, sampling, rng = run.max_new_tokens, run.stop, run.stop_text, run.sampling, run.rng
     backoff, sync, on_round = run.backoff, run.sync, run.on_round
     clock = sync_clock(target.device)
@@ -450,14 +430,17 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
     vocab = vocab_size(target)
     with torch.inference_mode(), eval_mode(models):
         target_kv = BatchedKV(target, vocab)
-        context = RunContext(target, target_kv, vocab, options, max(map(len, prompts)) + max_new_tokens,
-                             allow_vocab_mismatch=allow_vocab_mismatch)
+        # The batch's whole setup in one frozen context (each row's proposer gets a copy with its
+        # own policy and sampler: batch.open_row_proposers).
+        context = RunContext(
+            target, target_kv, vocab, options, max(map(len, prompts)) + max_new_tokens,
+            allow_vocab_mismatch=allow_vocab_mismatch, strategy=policy.name, max_new_tokens=max_new_tokens,
+            stop=_eos_set(target, stopping.eos_token_id), stop_text=stop_text, sampling=sampling,
+            lazy_head=_lazy_head(options, target_kv), backoff=_pacer(backoff, proposer_cls is not None and sampling.greedy),
+            pad_token_id=batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id),
+            tree_rows=batch.BATCH_TREE_ROWS)
         proposers = batch.open_row_proposers(draft, proposer_cls, context, policy, sampling, rngs)
-        run = batch.BatchRun(policy.name, max_new_tokens, _eos_set(target, stopping.eos_token_id), stop_text, sampling,
-                             batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id),
-                             lazy_head=_lazy_head(options, target_kv), tree_rows=batch.BATCH_TREE_ROWS,
-                             backoff=_pacer(backoff, proposer_cls is not None and sampling.greedy))
-        result = batch.decode_batch(target_kv, proposers, prompts, rngs, run)
+        result = batch.decode_batch(target_kv, proposers, prompts, rngs, context)
         if given is not None and given.shape[1] == max(map(len, prompts)):  # HF returns the prompts as given
             result.sequences[:, : given.shape[1]] = given.cpu()
     if given is not None and result.sequences.device != given.device:
@@ -535,13 +518,13 @@ def _fit_positions(
     return prompt
 
 
-def _eos_set(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) -> set[int]:
+def _eos_set(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     if eos_token_id is None:
         gen = getattr(target, "generation_config", None)
         eos_token_id = getattr(gen, "eos_token_id", None) if gen is not None else None
         if eos_token_id is None:
-            return set()
+            return frozenset()
     if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(t) for t in eos_token_id}
+        return frozenset({eos_token_id})
+    return frozenset(int(t) for t in eos_token_id)
 
