@@ -3,7 +3,7 @@
 A KV-rollback bug that leaves one stale row, or a cache that keeps rejected rows, shows up only
 after many rounds; so this runs 5,000 tokens per strategy (thousands of rounds) on a tiny model
 and checks the cache length after every commit. (It ran 10,000 until the suite neared CI's
-15-minute budget: half the rounds, still thousands per strategy, for about 95 s of the suite.)
+15-minute budget: half the rounds, still thousands per strategy, for about 75 s of the suite.)
 """
 
 from __future__ import annotations
