@@ -54,7 +54,7 @@ def test_the_default_fails_when_the_text_is_not_joined(setup, monkeypatch: pytes
     """A broken variant (the model alone whatever ``text`` says) no longer runs what the default
     promises: the rounds comparison above catches it."""
     target, draft, ids = setup
-    monkeypatch.setattr(generate_module, "with_text", lambda d, text: d)
+    monkeypatch.setattr(generate_module, "with_text", lambda d, *args: d)
     default = _run(target, draft, ids)
     both = _run(target, TextDraft(model=draft), ids)
     assert _rounds(default) != _rounds(both)

@@ -180,3 +180,18 @@ def test_too_long_without_eviction_suggests_it() -> None:
     target = tiny_model("llama", max_positions=64)
     with pytest.raises(DynaTreeError, match=r"EngineOptions\(kv_window=N\)"):
         generate(target, perturbed(target), prompt(), "linear", max_new_tokens=100, text=False)
+
+
+def test_the_default_hybrid_fits_a_window_below_the_text_depth() -> None:
+    """The library's default with a draft model (the model and the text in one tree) under a
+    window smaller than the text's full depth (32): its text proposals are cut to the window, so
+    it runs where the model alone runs, equal to StreamingLLM decoding, and the text still drafts."""
+    target = tiny_model("llama", max_positions=64)
+    draft = perturbed(target)
+    ids = prompt()
+    ref = streaming_llm_reference(target, ids, NEW, SINKS, WINDOW)
+    for name in ("dynatree", "dyspec"):
+        out = generate(target, draft, ids, name, max_new_tokens=NEW, stopping=NO_EOS, options=EVICTING, seed=0,
+                       **SPECS[name])
+        assert out.sequences[0, 13:].tolist() == ref, name
+        assert max(r.depth for r in out.stats.rounds) < WINDOW

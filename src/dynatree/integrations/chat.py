@@ -82,7 +82,7 @@ class ChatSession:
         policy = make_policy(strategy, **strategy_options)  # (refuses a bad strategy before the first message)
         # the draft as generate() runs it: a draft model joined by the text unless text=False
         self.text = text
-        draft = with_text(draft, text) if policy.uses_draft else draft
+        draft = with_text(draft, text, max_new_tokens, (options or EngineOptions()).kv_window) if policy.uses_draft else draft
         self.target, self.draft, self.tokenizer, self.strategy = target, draft, tokenizer, strategy
         self.system, self.out, self.max_new_tokens = system, out, max_new_tokens
         self.sampling, self.options, self.seed = sampling, options or EngineOptions(), seed

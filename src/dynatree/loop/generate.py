@@ -143,7 +143,7 @@ def generate(
     sampling, options, stopping = (_group(sampling, SamplingConfig, "sampling"), _group(options, EngineOptions, "options"),
                                    _group(stopping, StoppingConfig, "stopping"))
     policy = _policy(strategy, strategy_options)
-    draft = with_text(draft, text) if policy.uses_draft else draft
+    draft = with_text(draft, text, max_new_tokens, options.kv_window) if policy.uses_draft else draft
     check_causal_lm(target, "target")
     prompts = prompt_rows(input_ids, attention_mask, target)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -220,16 +220,22 @@ def _group(value: Any, kind: type, name: str) -> Any:
     return value
 
 
-def with_text(draft: Any, text: bool) -> Any:
+def with_text(draft: Any, text: bool, max_new_tokens: int | None = None, kv_window: int | None = None) -> Any:
     """What drafts the run: a draft model joined by the text in one tree (``text=True``, a
     :class:`~dynatree.drafts.suffix.TextDraft` wrapping it), or the draft as given. ``text`` applies
     to a draft model only (the built-in model and feature-head proposers): ``None`` and a
     ``TextDraft`` draft from the text whatever it says, and a draft that a proposer of one's own
-    takes stays its."""
+    takes stays its.
+
+    The default's text proposals reach no deeper than the run can use: ``max_new_tokens`` (a
+    deeper node is never committed) and, under KV eviction, ``kv_window - 1`` (a node must see all
+    its ancestors). So the default fits every run the model alone fits, instead of reserving the
+    text's full depth in positions or refusing a window the user chose for the model's tree."""
     if not isinstance(text, bool):
         raise DynaTreeError(f"text must be True or False, got {text!r}")
     if text and proposer_for(draft) in (ModelProposer, FeatureProposer):
-        return TextDraft(model=draft)
+        bounds = [TextDraft.max_spec, *(b for b in (max_new_tokens, kv_window and kv_window - 1) if b)]
+        return TextDraft(model=draft, max_spec=max(1, min(bounds)))
     return draft
 
 
