@@ -155,8 +155,8 @@ def generate(
     if main and not chat:
         typer.echo(prompt, nl=False)
     try:
-        # (load_pair already joined the text to the model unless --no-text: a bare model here is the model alone)
-        result = run(tmodel, dmodel, ids, policy, **common, text=not isinstance(dmodel, torch.nn.Module), on_round=streamer.on_round if streamer else None,
+        # text=False: load_pair already built the draft --text/--no-text ask for (generate must not join the text again)
+        result = run(tmodel, dmodel, ids, policy, **common, text=False, on_round=streamer.on_round if streamer else None,
                      trace=trace if main else None, tokenizer=tok)
     finally:
         if streamer is not None:
@@ -214,8 +214,6 @@ def chat_command(
     and tokens per round. /reset forgets the conversation, /exit (or Ctrl-D) quits."""
     from dynatree.loading import models
     from dynatree.core.sampling import SamplingConfig, make_generator
-    import torch
-
     from dynatree.integrations.chat import ChatSession, status_line
     from dynatree.policies import make_policy
 
@@ -234,7 +232,7 @@ def chat_command(
         raise DynaTreeError(f"'{target}' has no chat template; chat needs an instruct/chat model")
     session = ChatSession(tmodel, dmodel, tok, policy, system=system, max_new_tokens=max_new_tokens,
                           sampling=sampling, seed=seed, options=options,
-                          text=not isinstance(dmodel, torch.nn.Module))  # (a bare model: --no-text)
+                          text=False)  # (load_pair built the draft --text/--no-text ask for)
     typer.secho(f"dynatree chat [{policy.name}] -- /reset forgets, /exit or Ctrl-D quits", dim=True)
     if isinstance(sys.stdin, io.TextIOWrapper):  # undecodable bytes reach check_utf8, not a traceback
         sys.stdin.reconfigure(errors="surrogateescape")

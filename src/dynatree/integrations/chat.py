@@ -80,8 +80,7 @@ class ChatSession:
                  options: EngineOptions | None = None, seed: int | None = None, text: bool = True,
                  **strategy_options: Any) -> None:
         policy = make_policy(strategy, **strategy_options)  # (refuses a bad strategy before the first message)
-        # the draft as generate() runs it: a draft model joined by the text unless text=False
-        self.text = text
+        # the draft as generate() runs it, resolved once: a draft model joined by the text unless text=False
         draft = with_text(draft, text, max_new_tokens, (options or EngineOptions()).kv_window) if policy.uses_draft else draft
         self.target, self.draft, self.tokenizer, self.strategy = target, draft, tokenizer, strategy
         self.system, self.out, self.max_new_tokens = system, out, max_new_tokens
@@ -127,7 +126,8 @@ class ChatSession:
             result = generate(self.target, self.draft, ids, self.strategy, max_new_tokens=self.max_new_tokens,
                               sampling=self.sampling, options=self.options, seed=self.seed,
                               stopping=StoppingConfig(eos_token_id=chat_eos(self.target, self.tokenizer)),
-                              truncate_prompt=True, tokenizer=self.tokenizer, on_round=streamer.on_round, text=self.text,
+                              truncate_prompt=True, tokenizer=self.tokenizer, on_round=streamer.on_round,
+                              text=False,  # (self.draft is already what runs: the text is joined, or not wanted)
                               **self.strategy_options)
         except BaseException:
             self.messages = before  # the turn did not happen, nor did dropping turns for it
