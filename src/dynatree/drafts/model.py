@@ -57,6 +57,7 @@ class ModelProposer(Proposer):
         self.policy = policy  # the tree's shape (None: this drafter is driven by hand, level by level)
         self.sampler = sampler  # the run's draft sampler, for policies that sample children
         self.pending: list[int] = []
+        self._prompt: list[int] | None = None  # a prompt not yet cached (prefill waits for the first draft)
         self._root_logits: torch.Tensor | None = None  # the prefill's prediction for the first root's children
         self._builder: TreeBuilder | None = None
         self._calls0 = 0
@@ -70,10 +71,17 @@ class ModelProposer(Proposer):
 
     # ----------------------------------------------------------------------------------- setup
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
-        """Cache every prompt token, the first round's root (the last) included: the prefill's own
-        last row is the draft's prediction for the root's children, so the first round starts
-        without a draft call of its own."""
-        self._root_logits = self.kv.prefill(list(prompt), logits=True)
+        """Take the prompt; the first round that drafts caches it (:meth:`begin_round`), every
+        prompt token, the first round's root (the last) included: the prefill's own last row is the
+        draft's prediction for the root's children, so the first round starts without a draft call
+        of its own.
+
+        Why wait: a run may never draft (a wide batch whose share is one row per row, a hybrid
+        whose text stays confident, a back-off that pauses from the start), and then the draft's
+        prefill is all it would have paid for. A round that does draft runs the same calls an
+        eager prefill would have (the prompt, then the tokens committed since), so the draft's
+        cache and logits do not depend on when it happens."""
+        self._prompt, self._root_logits = list(prompt), None
         self.pending = []
 
     # ---------------------------------------------------------------------------- per round
@@ -98,6 +106,8 @@ class ModelProposer(Proposer):
         (after the prefill nothing is pending: the prefill's logits)."""
         self._builder = builder
         self._slot = {}
+        if self._prompt is not None:  # (the prefill waited for this first drafting round)
+            self._root_logits, self._prompt = self.kv.prefill(self._prompt, logits=True), None
         self._calls0 = self.kv.calls
         start = self.kv.length
         if not self.pending and self._root_logits is not None:
