@@ -82,3 +82,18 @@ def test_the_hf_route_and_chat_follow_the_same_default(setup) -> None:
     # ChatSession resolves the draft once, with the same rule
     assert isinstance(ChatSession(target, draft, None, "linear").draft, TextDraft)
     assert ChatSession(target, draft, None, "linear", text=False).draft is draft
+
+
+def test_the_cli_hybrid_fits_a_window_the_model_alone_fits(model_dirs) -> None:
+    """`dynatree generate --kv-window 16` with its default `--text`: the CLI's hybrid reaches no
+    deeper than the window allows, as the library's default does (it used to reserve the text's
+    full depth of 32 and refuse the window)."""
+    from typer.testing import CliRunner
+
+    from dynatree.cli import app
+
+    argv = ["generate", "--target", model_dirs[0], "--draft", model_dirs[1], "--prompt", "the cat sat on the mat",
+            "--max-new-tokens", "40", "--kv-window", "16"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(app, [*argv, "--no-text"]).exit_code == 0

@@ -11,7 +11,7 @@ from tiny import VOCAB, perturbed, tiny_model
 
 import dynatree
 from dynatree.core import costmodel
-from dynatree.core.costmodel import CostProfile, choose_budget, max_useful_nodes
+from dynatree.core.costmodel import CostProfile, choose_budget, choose_share, max_useful_nodes
 from dynatree.errors import DynaTreeError
 from dynatree.options import StoppingConfig
 from dynatree.policies import make_policy
@@ -90,6 +90,35 @@ def test_limit_and_max_useful_nodes() -> None:
     assert choose_budget(flat(), GAINS, limit=2) == 2
     assert max_useful_nodes(flat(16)) == 15
     assert max_useful_nodes(steep(16)) == 0
+
+
+# -------------------------------------------------------------------- a batch's share
+def test_share_flat_takes_the_widest_tree_steep_none() -> None:
+    rows = [[0.9, 0.8, 0.5], [0.7], []]
+    assert choose_share(flat(), rows) == 4  # the widest tree: 1 root + 3 nodes
+    assert choose_share(flat(), rows, limit=2) == 2
+    assert choose_share(lambda r: float(r), rows) == 1  # each row costs a step: no tree pays
+    assert choose_share(flat(), []) == 1 and choose_share(flat(), [[], []]) == 1
+
+
+def test_share_pays_for_every_rows_padding() -> None:
+    """The batch pays for rows x share, so one confident row among plain ones does not buy a share
+    that a lone row would take. Worked example, cost 1 + 0.1 (R - 1):
+    one row, gains 0.9 0.9 0.9: (1, 1.9, 2.8, 3.7) / (1, 1.1, 1.2, 1.3) -> share 4;
+    the same row beside 7 rows with nothing: (8, 8.9, 9.8, 10.7) / (1.7, 2.5, 3.3, 4.1) -> share 1."""
+    cost = lambda r: 1.0 + 0.1 * (r - 1)
+    assert choose_share(cost, [[0.9, 0.9, 0.9]]) == 4
+    assert choose_share(cost, [[0.9, 0.9, 0.9]] + [[]] * 7) == 1
+    assert choose_share(cost, [[0.9, 0.9, 0.9]] * 8) == 4
+
+
+def test_share_shrinks_as_the_batch_grows() -> None:
+    """The same trees per row on a curve flat to 16 rows and steep after: the wider the batch,
+    the smaller the share, down to plain steps."""
+    curve = CostProfile((1, 16, 32), (1.0, 1.0, 3.0))
+    tree = [0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.1]
+    shares = [choose_share(curve, [tree] * b) for b in (1, 2, 4, 8, 16)]
+    assert shares == [8, 8, 4, 2, 1]
 
 
 # ------------------------------------------------------------------------- the disk cache

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import dynatree
+import dynatree.loop.batch as batch_loop
 from dynatree import STRATEGIES, DynaTreeError, EngineOptions, SamplingConfig, StoppingConfig
 from dynatree.core.stats import BatchStats
 from dynatree.runtime.batch_cache import BatchedKV
@@ -147,6 +148,11 @@ def test_batch_rows_really_speculate() -> None:
 # ---------------------------------------------------------------------------- 2. EOS, ragged finish
 
 
+def flat_curve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verify cost that does not grow with the rows: a greedy batch keeps every row's whole tree."""
+    monkeypatch.setattr(batch_loop, "BATCH_SHARE_COST", {"cpu": {128: ((1, 2), (1.0, 1.0))}})
+
+
 def round_ends(stats) -> set[int]:
     ends, total = set(), 0
     for r in stats.rounds:
@@ -181,8 +187,9 @@ EOS_CASES = [("llama", s) for s in ("linear", "fixed", "dynatree", "dyspec")] + 
 @pytest.mark.parametrize("arch, strategy", EOS_CASES)
 def test_eos_inside_tree_rows_finish_at_different_rounds(arch: str, strategy: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # (trees as a single prompt's: the batch's verify share would cut them below an accepted EOS)
-    monkeypatch.setattr(dynatree.loop.batch, "BATCH_TREE_ROWS", 256)
+    # (trees as a single prompt's: on a flat cost curve the batch's share cuts no tree below an
+    # accepted EOS)
+    flat_curve(monkeypatch)
     lengths, seed, n = (4, 9, 1, 6), 3, 32
     eos, counts = eos_case(arch, strategy, lengths, seed, n)
     for draft in ("self", "perturbed"):
@@ -464,15 +471,88 @@ def test_batch_stats(arch: str) -> None:
 # --------------------------------------------------------------------------- 7. the verify share
 
 
-def test_the_verify_share_shrinks_with_the_batch_down_to_plain_steps() -> None:
-    """Each running row's tree gets BATCH_TREE_ROWS // rows verify rows: 4 rows draft trees of at
-    most that size; 8 rows get a share under BATCH_MIN_SHARE and decode plain, exactly."""
+def share_costs(monkeypatch: pytest.MonkeyPatch, tables: dict[int, tuple[tuple[int, ...], tuple[float, ...]]]) -> None:
+    """The cost of each share (rows per row) relative to a plain step, per batch size."""
+    monkeypatch.setattr(batch_loop, "BATCH_SHARE_COST", {"cpu": tables})
+
+
+def drafted(result) -> list[int]:
+    return [r.drafted for s in result.stats for r in s.rounds]
+
+
+EIGHT = (4, 9, 1, 6, 3, 7, 2, 5)
+
+
+def test_a_greedy_share_follows_the_cost_curve_and_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy: one share per round from the cost of each share at the batch's size. Where a second
+    row per row is free at 4 rows and a third costs 100 steps, 4 rows draft trees of at most 2 rows
+    each; where a second row per row costs 100 steps at 8 rows, 8 rows decode plain. On a flat
+    curve the trees are the proposers' own; where every row costs a step, no tree can pay and
+    every round is plain. Every variant is exact."""
+    flat_curve(monkeypatch)
+    whole = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
+    assert max(drafted(whole)) > 2  # (the setup: trees wider than the cut below)
+
+    share_costs(monkeypatch, {4: ((1, 2, 3), (1.0, 1.0, 100.0)), 8: ((1, 2), (1.0, 100.0))})
+    four = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
+    assert max(drafted(four)) == 1
+    assert all(r.verified_rows <= 8 for r in four.stats.rounds)
+    eight = run_batch("llama", "dynatree", "perturbed", EIGHT, 3, 16)
+    assert max(drafted(eight)) == 0 and eight.stats.rounds[0].verified_rows == 8
+    assert mismatches("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16) == []
+    assert mismatches("llama", "dynatree", "perturbed", EIGHT, 3, 16) == []
+
+    share_costs(monkeypatch, {128: ((1, 2), (1.0, 2.0))})  # every verify row costs a whole step
+    assert max(drafted(run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16))) == 0
+
+
+def test_the_share_weighs_each_rows_calibrated_gains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft that is sure of itself and always wrong: its path probabilities say each node is
+    accepted (about 0.99 each), the target takes none. A row's calibration (accepted over expected
+    nodes of its recent trees) brings its gains down after its first tree, so the batch decodes
+    plain from the second round on, on a curve where 2 rows per row cost 60% more than a plain
+    step (4 rows per row: 180% more). Without the calibration (the mutant) the batch keeps paying
+    for trees."""
+    share_costs(monkeypatch, {4: ((1, 2, 4), (1.0, 1.6, 2.8))})
+    sure = tiny_model("llama", 7, init=1.0)
+    with torch.no_grad():
+        sure.lm_head.weight.mul_(10.0)  # peaked, and unrelated to the target
+    ids, mask = padded(prompts((4, 9, 1, 6), 5))
+
+    def verified_rows() -> list[int]:
+        out = dynatree.generate(models("llama")["target"], sure, ids, "linear", k=3, max_new_tokens=24,
+                                attention_mask=mask, stopping=stopping(), text=False, backoff=False)
+        assert torch.equal(out.sequences, hf_batch("llama", (4, 9, 1, 6), 5, 24))
+        return [r.verified_rows for r in out.stats.rounds]
+
+    calibrated = verified_rows()  # one tree of 4 rows per row, then plain steps and a few probes
+    assert calibrated[0] == 16 and max(calibrated[1:]) <= 8
+    assert calibrated[1:].count(4) >= 0.75 * (len(calibrated) - 1), calibrated
+    monkeypatch.setattr(batch_loop._Row, "rate", property(lambda self: 1.0))
+    mutant = verified_rows()
+    assert sum(v > 8 for v in mutant[1:]) > len(mutant) // 2, mutant
+
+
+def test_a_sampled_share_is_fixed_by_the_batch_size() -> None:
+    """Sampled: each row's tree gets BATCH_TREE_ROWS // rows verify rows for the whole run: 4 rows
+    draft trees of at most that size; 8 rows get a share under BATCH_MIN_SHARE and decode plain."""
     share = dynatree.tuning.BATCH_TREE_ROWS // 4
     assert share >= dynatree.tuning.BATCH_MIN_SHARE > dynatree.tuning.BATCH_TREE_ROWS // 8  # (the setup)
-    four = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
-    trees = [r.drafted for s in four.stats for r in s.rounds]
-    assert max(trees) == share - 1  # root + drafted nodes fill the share
-    eight = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6, 3, 7, 2, 5), 3, 16)
-    assert all(r.drafted == 0 for s in eight.stats for r in s.rounds)
-    assert eight.stats.rounds[0].verified_rows == 8
-    assert mismatches("llama", "dynatree", "perturbed", (4, 9, 1, 6, 3, 7, 2, 5), 3, 16) == []
+    trees = {"dynatree": {"max_nodes": 2 * share, "tau": 0.0}}
+    four = sample_batch("llama", "dynatree", "perturbed", prompts((4, 9, 1, 6), 3), 3, 16, trees)
+    assert max(drafted(four)) == share - 1  # root + drafted nodes fill the share
+    eight = sample_batch("llama", "dynatree", "perturbed", prompts(EIGHT, 3), 3, 16, trees)
+    assert max(drafted(eight)) == 0
+
+
+def test_a_batch_takes_the_share_costs_of_the_next_tabulated_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of 3 rows pays what 4 rows do (a wider batch's shares cost relatively more: the
+    error leans toward plain steps); past the largest table, the largest; an unknown device, the
+    CPU's. The cost is over the forward's total rows: rows x share."""
+    share_costs(monkeypatch, {2: ((1, 2), (1.0, 1.2)), 4: ((1, 2), (1.0, 1.5))})
+    cpu = torch.device("cpu")
+    assert batch_loop.share_cost(cpu, 2)[0].cost(4) == pytest.approx(1.2)
+    assert batch_loop.share_cost(cpu, 3)[0].cost(6) == pytest.approx(1.5)
+    assert batch_loop.share_cost(cpu, 9)[0].cost(18) == pytest.approx(1.5)
+    assert batch_loop.share_cost(torch.device("meta"), 2)[0].cost(4) == pytest.approx(1.2)
+    assert batch_loop.share_cost(cpu, 2)[1] == dynatree.tuning.BATCH_MAX_ROWS["cpu"]

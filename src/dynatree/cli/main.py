@@ -33,11 +33,13 @@ def _root() -> None:
 
 
 def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str,
-              allow_vocab_mismatch: bool = False, text: bool = False, cache: Any = None) -> tuple[Any, Any, Any]:
+              allow_vocab_mismatch: bool = False, text: bool = False, cache: Any = None,
+              max_spec: int | None = None) -> tuple[Any, Any, Any]:
     """Target, draft and tokenizer. The draft is what ``generate`` takes: None when the strategy
     drafts nothing or ``draft`` is "none" (the text itself drafts), the model ("default" = the
-    shipped draft), or with ``text`` both in one tree (a ``TextDraft`` wrapping the model);
-    ``cache``: a cross-request ``SuffixCache`` for the text source."""
+    shipped draft), or with ``text`` both in one tree (a ``TextDraft`` wrapping the model, its
+    proposals no deeper than ``max_spec`` when given: what the run can use, as the library's
+    default hybrid); ``cache``: a cross-request ``SuffixCache`` for the text source."""
     from dynatree.loading import models
 
     if uses_draft and draft != "none":  # a draft name that names nothing: refused before the target loads
@@ -54,7 +56,7 @@ def load_pair(target: str, draft: str, uses_draft: bool, dtype: Any, device: str
     if text:
         from dynatree.drafts.suffix import TextDraft
 
-        dmodel = TextDraft(model=dmodel, cache=cache)
+        dmodel = TextDraft(model=dmodel, cache=cache, **({} if max_spec is None else {"max_spec": max_spec}))
     return tmodel, dmodel, tok
 
 
@@ -107,7 +109,7 @@ def generate(
     from dynatree.loading import models
     from dynatree.runtime.devices import check_device
     from dynatree.core.sampling import SamplingConfig, make_generator
-    from dynatree.loop.generate import check_positions, generate as run
+    from dynatree.loop.generate import check_positions, generate as run, text_depth
     from dynatree.loop.precompile import precompile
     from dynatree.runtime.engines import resolve as resolve_options
     from dynatree.policies import make_policy
@@ -132,7 +134,7 @@ def generate(
     else:
         check_device(device, torch_dtype, compile=bool(options.compile))  # before loading anything
         tmodel, dmodel, tok = load_pair(target, draft, policy.uses_draft, torch_dtype, device, allow_vocab_mismatch,
-                                        text=text)
+                                        text=text, max_spec=text_depth(max_new_tokens, options.kv_window))
     from dynatree.integrations.chat import EchoStreamer, chat_eos, chat_prompt
     from dynatree.runtime.distributed import rank
 

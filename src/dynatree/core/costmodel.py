@@ -138,6 +138,36 @@ def choose_budget(cost: CostProfile | Callable[[int], float], gains: Sequence[fl
     return best_n
 
 
+def choose_share(cost: CostProfile | Callable[[int], float], gains: Sequence[Sequence[float]],
+                 limit: int | None = None) -> int:
+    """Rows per batch row (root included) a batched round should verify: the ``m`` in
+    ``[1, limit]`` that maximises the batch's expected committed tokens per unit of verify cost,
+
+        (B + sum over rows b of sum(gains[b][:m - 1])) / cost(B * m),   B = len(gains),
+
+    the smallest on ties. ``gains[b]`` are row ``b``'s drafted nodes' expected gains in tree order
+    (a prefix of a tree is a tree). One share for all rows because the batched forward pads every
+    row's tree to the widest: the batch pays for ``B * m`` rows whichever rows fill them. So the
+    wider the batch, the further up the cost curve each extra row per batch row lands, and the
+    share shrinks to 1 (plain batched decoding) where no tree's expected gain pays for it.
+    """
+    rows = len(gains)
+    if rows == 0:
+        return 1
+    top = 1 + max(len(g) for g in gains)
+    if limit is not None:
+        top = max(1, min(top, limit))
+    best, best_m, total = -1.0, 1, float(rows)
+    for m in range(1, top + 1):
+        if m > 1:
+            total += sum(float(g[m - 2]) for g in gains if len(g) >= m - 1)
+        c = cost.cost(rows * m) if isinstance(cost, CostProfile) else float(cost(rows * m))
+        value = total / c
+        if value > best * (1 + 1e-9):
+            best, best_m = value, m
+    return best_m
+
+
 def max_useful_nodes(cost: CostProfile, overhead_ms: float = 0.0, certainty: float = 1.0) -> int:
     """The most nodes worth drafting if every node were accepted with probability ``certainty``:
     no realistic tree should be bigger, which caps the drafting work of a round."""

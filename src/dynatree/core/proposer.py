@@ -87,7 +87,8 @@ class RunContext:
     single prompt's generator; a batch's rows carry their own), ``tree_order``, ``lazy_head``,
     ``sync`` (the tensor-parallel rank sync, or None), ``on_round``, ``backoff`` (this call's
     controller, or None), ``shared_random`` (the trees themselves are drawn from the run's random
-    stream: DySpec), and a batch's ``pad_token_id`` and ``tree_rows`` (the verify rows its rows share).
+    stream: DySpec), and a batch's ``pad_token_id`` and ``tree_rows`` (the verify rows a sampled batch's rows
+    share; a greedy batch chooses its share per round from the cost curve).
     """
 
     target: torch.nn.Module

@@ -14,8 +14,16 @@ with these differences:
 * the target's KV caches share one :class:`~dynatree.runtime.batch_cache.BatchedKV` (per-row
   positions and masks; ragged lengths kept as masked holes);
 * rows that finish (EOS, stop string, length) leave the batch: no drafting, no verify rows;
-* the trees share a verify budget (:data:`dynatree.tuning.BATCH_TREE_ROWS`): the more rows, the
-  smaller each row's tree, because a wide batch already fills the target's forward;
+* the tree budget follows the load. The batched forward pads every row's tree to the widest, so
+  a round pays for ``rows x share`` verify rows. Greedy: each row drafts up to
+  ``BATCH_MAX_ROWS // rows`` rows, then one share for all rows is chosen per round
+  (:func:`~dynatree.core.costmodel.choose_share`): the one that maximises the batch's expected
+  committed tokens (each row's drafted nodes' path probabilities, calibrated by what that row's
+  trees have had accepted) per unit of verify cost, the device's measured cost of each share at
+  this batch size (:data:`dynatree.tuning.BATCH_SHARE_COST`), and every tree is cut to it. The
+  wider the batch, the more each extra row per row costs, down to plain batched decoding where
+  no tree pays. Sampled: a fixed share, ``BATCH_TREE_ROWS // rows`` (1 under ``BATCH_MIN_SHARE``),
+  so a seeded row's draws do not depend on its neighbours' trees;
 * the back-off (:class:`~dynatree.loop.backoff.Backoff`, greedy runs) judges the batch as a
   whole: it compares the batch's committed tokens per second in speculative rounds and in plain
   rounds, and every row drafts or none does. A batch's rounds last as long as its slowest row
@@ -30,23 +38,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from dynatree.core.clock import sync_clock
+from dynatree.core.costmodel import CostProfile, choose_share
 from dynatree.core.proposer import Outcome, Proposer, RunContext
 from dynatree.core.sampling import DraftSampler, SamplingConfig
 from dynatree.core.stats import BatchRound, BatchStats, GenerationResult, GenerationStats, RoundStats
-from dynatree.core.tree import TreeBuilder, committed_tokens, truncate_round
+from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens, truncate_round
 from dynatree.core.verify import batch_lazy_logits, greedy_accept, sample_accept
 from dynatree.drafts.registry import open_proposer
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
-from dynatree.tuning import BATCH_MIN_SHARE, BATCH_TREE_ROWS
+from dynatree.tuning import BATCH_MAX_ROWS, BATCH_MIN_SHARE, BATCH_SHARE_COST, BATCH_TREE_ROWS, TEXT_CALIBRATION_DECAY
 
 
 def row_generators(rows: int, seed: int | Sequence[int] | None, generator: torch.Generator | None) -> list[torch.Generator]:
@@ -103,6 +113,25 @@ def open_row_proposers(draft: Any, proposer_cls: type[Proposer] | None, context:
     ]
 
 
+def share_cost(device: torch.device, rows: int) -> tuple[CostProfile, int]:
+    """What a greedy batch of ``rows`` rows pays for each share, as a cost over its forward's
+    total rows (``rows x share``), and the most rows that forward may hold, for ``device`` (a
+    device type without its own table takes the CPU's): ``tuning.BATCH_SHARE_COST``'s table of the
+    smallest tabulated batch size at least ``rows`` (the largest past the last)."""
+    kind = device.type if device.type in BATCH_SHARE_COST else "cpu"
+    tables = BATCH_SHARE_COST[kind]
+    size = min((b for b in tables if b >= rows), default=max(tables))
+    shares, cost = tables[size]
+    return (CostProfile(tuple(rows * m for m in shares), cost, meta={"source": f"tuning.BATCH_SHARE_COST[{kind!r}][{size}]"}),
+            BATCH_MAX_ROWS[kind])
+
+
+def node_gains(builder: TreeBuilder, rate: float) -> list[float]:
+    """The drafted nodes' expected gains in tree order: each node's path probability (the product
+    of its drafted conditional probabilities, whichever source drafted it) times ``rate``, at most 1."""
+    return [min(1.0, math.exp(c) * rate) for c in builder.cum_logq[1:]]
+
+
 @dataclasses.dataclass
 class _Row:
     prompt: list[int]
@@ -112,6 +141,25 @@ class _Row:
     out: list[int] = dataclasses.field(default_factory=list)
     root: int = 0
     done: bool = False
+    # the row's calibration: decayed accepted nodes over decayed expected ones (path probabilities)
+    taken: float = 0.0
+    expected: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        """Accepted over expected nodes in the row's recent trees, on one pseudo-node at 1 (a fresh
+        row trusts its draft's probabilities until it has seen otherwise)."""
+        return (self.taken + 1.0) / (self.expected + 1.0)
+
+    def rest(self) -> None:
+        """A round without a tree: the evidence ages as if one had been verified."""
+        self.taken *= TEXT_CALIBRATION_DECAY
+        self.expected *= TEXT_CALIBRATION_DECAY
+
+    def learn(self, tree: TokenTree, accepted: int) -> None:
+        expected = float(tree.cum_logq[1:].exp().clamp(max=1.0).sum()) if tree.size > 1 else 0.0
+        self.taken = TEXT_CALIBRATION_DECAY * self.taken + accepted
+        self.expected = TEXT_CALIBRATION_DECAY * self.expected + expected
 
 
 def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: list[list[int]],
@@ -134,14 +182,29 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
     active = list(range(len(rows)))
     while active:
         t0 = clock()
-        # 1. Draft: each running row grows its tree; the rows share the verify budget. Greedy: the
-        #    rows still running share it (outputs are the target's argmax whatever the trees).
-        #    Sampled: the batch's size fixes each row's share for the whole run, so a row's trees,
-        #    and with them its draws, do not depend on when its neighbours finish.
-        #    A share under BATCH_MIN_SHARE rows is 1: plain steps.
-        cap = run.tree_rows // (len(active) if run.sampling.greedy else len(rows))
-        cap = cap if cap >= BATCH_MIN_SHARE else 1
-        trees, drafting, t_row, deepens = [], [], [], False
+        # 1. Draft: each running row grows its tree up to the round's cap, then (greedy) every tree
+        #    is cut to one share chosen for the batch (the forward pads each tree to the widest).
+        #    Greedy: the cap is the most rows the forward may hold over the rows still running, the
+        #    share is the one the cost curve and the rows' expected gains favour (outputs are the
+        #    target's argmax whatever the trees). Sampled: the batch's size fixes each row's share
+        #    for the whole run, so a row's trees, and with them its draws, do not depend on its
+        #    neighbours; a share under BATCH_MIN_SHARE rows is 1: plain steps.
+        if run.sampling.greedy:
+            curve, max_rows = share_cost(target.device, len(active))
+            cap = max(1, max_rows // len(active))
+            # The most a tree could pay for, each node as likely as its row's calibration allows:
+            # where even that is a plain step, no row drafts (its draft model is not even run)
+            # and every row's calibration relaxes toward its draft's own probabilities, so the
+            # rows try a tree again after a while.
+            best = [[min(1.0, rows[i].rate)] * (cap - 1) if rows[i].proposer is not None else [] for i in active]
+            if choose_share(curve, best, cap) == 1:
+                cap = 1
+                for i in active:
+                    rows[i].rest()
+        else:
+            cap = run.tree_rows // len(rows)
+            cap = cap if cap >= BATCH_MIN_SHARE else 1
+        builders, proposed, t_row, deepens = [], [], [], False
         speculate = run.backoff is None or run.backoff.should_draft()
         for i in active:
             r = rows[i]
@@ -151,9 +214,15 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
             drafts = speculate and cap > 1 and r.proposer is not None and builder.depth_limit > 0
             if drafts:
                 r.proposer.propose(builder)
-            trees.append(builder.freeze())
-            drafting.append(drafts)
+            builders.append(builder)
+            proposed.append(drafts)
             t_row.append(clock() - s)
+        if run.sampling.greedy and any(proposed):
+            share = choose_share(curve, [node_gains(b, rows[i].rate) for b, i in zip(builders, active)], cap)
+            for b in builders:
+                b.truncate(share)
+        trees = [b.freeze() for b in builders]
+        drafting = [p and t.size > 1 for p, t in zip(proposed, trees)]
         t1 = clock()
         # 2. Verify: ONE target forward over every running row's tree.
         if run.lazy_head:  # (the head on the rows acceptance reads, in one call for the batch)
@@ -176,6 +245,8 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         for j, i in enumerate(active):
             r, tree, (path, bonus) = rows[i], trees[j], decided[j]
             s = clock()
+            if drafting[j]:
+                r.learn(tree, len(path))
             if r.proposer is not None:
                 r.proposer.observe(Outcome(tree, path, bonus, None, drafted=drafting[j],
                                            overhead_ms=1e3 * (t_row[j] + (t3 - t2) / len(active))))
@@ -203,7 +274,7 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         stats.rounds.append(BatchRound(len(active), len(active) * max(t.size for t in trees), committed,
                                        t1 - t0, t2 - t1, t3 - t2))
         if run.backoff is not None and deepens:  # (rounds whose rows were all at their last token: not its choice)
-            run.backoff.observe(any(drafting), committed, clock() - t0)
+            run.backoff.observe(any(proposed), committed, clock() - t0)  # (a round that drafted, cut or not)
         still = [i for i in active if not rows[i].done]
         if len(still) < len(active) and still:
             # 5. Finished rows leave the batch (their KV rows with them).

@@ -234,9 +234,15 @@ def with_text(draft: Any, text: bool, max_new_tokens: int | None = None, kv_wind
     if not isinstance(text, bool):
         raise DynaTreeError(f"text must be True or False, got {text!r}")
     if text and proposer_for(draft) in (ModelProposer, FeatureProposer):
-        bounds = [TextDraft.max_spec, *(b for b in (max_new_tokens, kv_window and kv_window - 1) if b)]
-        return TextDraft(model=draft, max_spec=max(1, min(bounds)))
+        return TextDraft(model=draft, max_spec=text_depth(max_new_tokens, kv_window))
     return draft
+
+
+def text_depth(max_new_tokens: int | None = None, kv_window: int | None = None) -> int:
+    """The deepest text proposal a run can use: the text's own cap (``TextDraft.max_spec``), at most
+    ``max_new_tokens`` and, under KV eviction, ``kv_window - 1``."""
+    bounds = [TextDraft.max_spec, *(b for b in (max_new_tokens, kv_window and kv_window - 1) if b)]
+    return max(1, min(bounds))
 
 
 def _pacer(backoff: bool | Backoff | None, applies: bool) -> Backoff | None:
