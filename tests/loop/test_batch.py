@@ -34,6 +34,14 @@ LENGTHS = (1, 5, 13, 8)
 N = 24
 
 
+@pytest.fixture(autouse=True)
+def whole_trees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here verifies the trees its proposers grow (a flat cost curve: no share cut), so
+    the exactness checks exercise deep trees and ragged rows; the share tests set their own costs.
+    (Under the CPU's measured costs, tiny models' trees rarely pay and most rounds are plain.)"""
+    flat_curve(monkeypatch)
+
+
 @functools.lru_cache(maxsize=None)
 def models(arch: str) -> dict[str, torch.nn.Module]:
     target = tiny_model(arch, 0)
@@ -509,10 +517,10 @@ def test_a_greedy_share_follows_the_cost_curve_and_the_load(monkeypatch: pytest.
 def test_the_share_weighs_each_rows_calibrated_gains(monkeypatch: pytest.MonkeyPatch) -> None:
     """A draft that is sure of itself and always wrong: its path probabilities say each node is
     accepted (about 0.99 each), the target takes none. A row's calibration (accepted over expected
-    nodes of its recent trees) brings its gains down after its first tree, so the batch decodes
-    plain from the second round on, on a curve where 2 rows per row cost 60% more than a plain
-    step (4 rows per row: 180% more). Without the calibration (the mutant) the batch keeps paying
-    for trees."""
+    nodes of its recent trees, on a prior that counts a fresh row's probabilities at a third)
+    keeps its gains low, so the batch decodes plain but for a few probes, on a curve where 2 rows
+    per row cost 60% more than a plain step (4 rows per row: 180% more). Without the calibration
+    (the mutant) the batch keeps paying for trees."""
     share_costs(monkeypatch, {4: ((1, 2, 4), (1.0, 1.6, 2.8))})
     sure = tiny_model("llama", 7, init=1.0)
     with torch.no_grad():
@@ -525,9 +533,8 @@ def test_the_share_weighs_each_rows_calibrated_gains(monkeypatch: pytest.MonkeyP
         assert torch.equal(out.sequences, hf_batch("llama", (4, 9, 1, 6), 5, 24))
         return [r.verified_rows for r in out.stats.rounds]
 
-    calibrated = verified_rows()  # one tree of 4 rows per row, then plain steps and a few probes
-    assert calibrated[0] == 16 and max(calibrated[1:]) <= 8
-    assert calibrated[1:].count(4) >= 0.75 * (len(calibrated) - 1), calibrated
+    calibrated = verified_rows()  # plain steps, at most a few probes of 2 rows per row
+    assert max(calibrated) <= 8 and calibrated.count(4) >= 0.75 * len(calibrated), calibrated
     monkeypatch.setattr(batch_loop._Row, "rate", property(lambda self: 1.0))
     mutant = verified_rows()
     assert sum(v > 8 for v in mutant[1:]) > len(mutant) // 2, mutant

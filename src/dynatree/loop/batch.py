@@ -56,7 +56,7 @@ from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
-from dynatree.tuning import BATCH_MAX_ROWS, BATCH_MIN_SHARE, BATCH_SHARE_COST, BATCH_TREE_ROWS, TEXT_CALIBRATION_DECAY
+from dynatree.tuning import BATCH_MAX_ROWS, BATCH_PRIOR_EXPECTED, BATCH_MIN_SHARE, BATCH_SHARE_COST, BATCH_TREE_ROWS, TEXT_CALIBRATION_DECAY
 
 
 def row_generators(rows: int, seed: int | Sequence[int] | None, generator: torch.Generator | None) -> list[torch.Generator]:
@@ -147,9 +147,10 @@ class _Row:
 
     @property
     def rate(self) -> float:
-        """Accepted over expected nodes in the row's recent trees, on one pseudo-node at 1 (a fresh
-        row trusts its draft's probabilities until it has seen otherwise)."""
-        return (self.taken + 1.0) / (self.expected + 1.0)
+        """Accepted over expected nodes in the row's recent trees, on a prior of one node accepted
+        in ``BATCH_PRIOR_EXPECTED`` expected (a fresh row counts its draft's path probabilities at
+        a third until its trees show the target takes more)."""
+        return (self.taken + 1.0) / (self.expected + BATCH_PRIOR_EXPECTED)
 
     def rest(self) -> None:
         """A round without a tree: the evidence ages as if one had been verified."""
