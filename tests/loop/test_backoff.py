@@ -11,6 +11,7 @@ from dynatree.drafts.model import ModelProposer
 from dynatree.drafts.suffix import TextDraft
 from dynatree.errors import DynaTreeError
 from dynatree.loop.backoff import Backoff
+import dynatree.loop.batch as batch_loop
 from tiny import hf_greedy, perturbed, tiny_model
 
 NO_EOS = StoppingConfig(eos_token_id=())  # never stop early: outputs compare at full length
@@ -135,9 +136,11 @@ def test_the_default_reads_the_environment_at_every_call(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("source", ["model", "text", "hybrid"])
-def test_a_batch_backs_off_as_a_whole(source: str) -> None:
+def test_a_batch_backs_off_as_a_whole(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The back-off judges the batch: every row drafts or none does, and the controller sees the
-    batch's committed tokens per round; the rows stay their own greedy decodings."""
+    batch's committed tokens per round; the rows stay their own greedy decodings. (A flat verify
+    cost: the batch's share cuts no tree, so the drafting rounds keep their trees.)"""
+    monkeypatch.setattr(batch_loop, "BATCH_SHARE_COST", {"cpu": {128: ((1, 2), (1.0, 1.0))}})
     target = tiny_model("llama", seed=1)
     model = perturbed(target, noise=0.05)
     draft = {"model": model, "text": None, "hybrid": TextDraft(model=model)}[source]
