@@ -111,7 +111,54 @@ def test_a_broken_variant_shows_as_mismatched_rows(pair, tmp_path, monkeypatch) 
     assert [r["mismatched_rows"] for r in rows if r["label"] == "text"] == [1, 1]
 
 
+def test_repetitions_interleave_rotate_and_take_the_median() -> None:
+    specs = parse_strategies("autoregressive,dynatree:source=text@text,hf-generate")
+    order, times = [], iter([5.0, 2.0, 9.0, 4.0, 1.0, 8.0, 6.0, 3.0, 7.0])
+
+    def run(spec):
+        order.append(spec.label)
+        return torch.zeros(1, 1), next(times), {}
+
+    runs = B.interleaved(run, specs, 3)
+    assert order == ["autoregressive", "text", "hf-generate", "text", "hf-generate", "autoregressive",
+                     "hf-generate", "autoregressive", "text"]
+    assert {k: [x for _, x, _ in v] for k, v in runs.items()} == {
+        "autoregressive": [5.0, 8.0, 3.0], "text": [2.0, 4.0, 7.0], "hf-generate": [9.0, 1.0, 6.0]}
+    assert [B.median_seconds(runs[k]) for k in runs] == [5.0, 4.0, 6.0]
+    assert B.median_seconds(runs["text"][:2]) == 3.0
+
+
+def test_repeated_runs_time_by_the_median_and_check_every_repetition(pair, tmp_path, monkeypatch) -> None:
+    target, draft = pair
+    real, calls = B.run_one, []
+
+    def scripted(target, draft, spec, batch, *args):  # the text variant drifts in its second repetition only
+        new, _, extra = real(target, draft, spec, batch, *args)
+        if batch.ids.shape[1] <= 8:  # (a warm-up call)
+            return new, 0.0, extra
+        calls.append(spec.label)
+        mine = calls.count(spec.label)
+        if spec.label == "text" and mine == 2:
+            new = new.clone()
+            new[0, -1] += 1
+        return new, {"autoregressive": [4.0, 2.0, 3.0], "text": [1.0, 9.0, 2.0]}[spec.label][mine - 1], extra
+
+    monkeypatch.setattr(B, "run_one", scripted)
+    rows = B.run_batches(target, draft, _prompts()[:2], parse_strategies("autoregressive,dynatree:source=text@text"),
+                         [2], max_new_tokens=4, pad_token_id=0, options=EngineOptions(), output=tmp_path / "b.jsonl",
+                         meta={}, repeats=3, progress=lambda line: None)
+    ar, text = rows
+    assert (ar["seconds"], text["seconds"], text["seconds_each"], ar["repeats"]) == (3.0, 2.0, [1.0, 9.0, 2.0], 3)
+    assert text["speedup_vs_ar"] == 1.5
+    assert (ar["mismatched_rows"], text["mismatched_rows"]) == (0, 1)
+    with pytest.raises(DynaTreeError, match="repeats must be an integer >= 1"):
+        B.run_batches(target, draft, _prompts(), parse_strategies("autoregressive"), [2], max_new_tokens=4,
+                      pad_token_id=0, options=EngineOptions(), output=tmp_path / "c.jsonl", meta={}, repeats=0)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "2", "--repeats", "0"], "error: --repeats must be >= 1, got 0"),
+    (["--repeats", "3"], "error: --repeats applies to batched runs (--batch-size); a per-prompt run repeats over its prompts"),
     (["--batch-size", "0"], "error: --batch-size takes positive integers separated by commas, e.g. 4 or 1,4,8,16; got '0'"),
     (["--batch-size", "2", "--temperature", "0.5"], "error: --batch-size runs greedy, on one process: drop --tp and --temperature"),
 ])

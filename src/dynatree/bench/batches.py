@@ -4,11 +4,20 @@ Why a separate runner: the per-prompt bench (:mod:`dynatree.bench.runner`) times
 call and checks each against its own autoregressive output; a batch is one call over B prompts of
 one task, so its unit is the batch. Each batch holds B consecutive prompts of one task
 (Spec-Bench's task or an instruct category; any other set is one task), left-padded with their
-attention mask, HF's layout. Per batch, every spec runs once on the same ids: our batched
+attention mask, HF's layout. Per batch, every spec runs on the same ids: our batched
 autoregressive decoding first (the reference), then the others; ``hf-generate`` is HF's own
 batched greedy ``generate``. HF's prompt lookup and assisted generation refuse batches, so they are
 skipped here with a note. MT-bench questions run their first turn only: a second turn would follow
 each row's own first answer, which is the per-prompt bench's job.
+
+Repetitions (``repeats``): every spec runs that many times per batch, interleaved (one pass of
+all specs per repetition, the order rotated by one each pass, so no spec always runs right after
+the same neighbour or first on a cold cache), and a spec's time is the median of its repetitions.
+Why: on a shared or virtual machine one run's time moves by up to ~15% (measured on a 2-core
+Intel VM: the same batch and plan took 13.3 s and 15.3 s), more than the differences a batch size's
+table is read for; runs back to back in one process also drift with the machine's load, which
+interleaving spreads over every spec alike. Each repetition's output is checked against the
+reference's.
 
 One JSON line per (batch size, task, spec): generated tokens, seconds, tokens per second, speedup
 over our batched autoregressive decoding and over HF's batched ``generate`` of the same batch,
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import json
 import resource
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -190,10 +200,13 @@ def differs(a: torch.Tensor, b: torch.Tensor) -> int:
 
 def run_batches(target: torch.nn.Module, draft: torch.nn.Module | None, prompts: Sequence[Prompt],
                 specs: Sequence[StrategySpec], sizes: Sequence[int], *, max_new_tokens: int, pad_token_id: int,
-                options: EngineOptions, output: Path, meta: dict[str, Any],
+                options: EngineOptions, output: Path, meta: dict[str, Any], repeats: int = 1,
                 progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every spec on every batch of every size, one JSON line each (appended to ``output``); the
-    first spec is the reference (our batched autoregressive decoding)."""
+    """Every spec on every batch of every size, ``repeats`` times interleaved (see the module
+    docstring), one JSON line each (appended to ``output``); the first spec is the reference (our
+    batched autoregressive decoding)."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise DynaTreeError(f"repeats must be an integer >= 1, got {repeats!r}")
     rows: list[dict[str, Any]] = []
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a") as fh:
@@ -203,24 +216,48 @@ def run_batches(target: torch.nn.Module, draft: torch.nn.Module | None, prompts:
                 warm = Batch(batch.task, batch.prompts, batch.ids[:, -8:], torch.ones_like(batch.mask[:, -8:]))
                 for s in specs:
                     run_one(target, draft, s, warm, 2, pad_token_id, options)
-                results = {s.label: run_one(target, draft, s, batch, max_new_tokens, pad_token_id, options)
-                           for s in specs}
-                ref_new, ref_s, _ = results[specs[0].label]
-                hf = next((results[s.label] for s in specs if s.name == "hf-generate"), None)
+                runs = interleaved(lambda s: run_one(target, draft, s, batch, max_new_tokens, pad_token_id, options),
+                                   specs, repeats)
+                ref_new = runs[specs[0].label][0][0]
+                ref_s = median_seconds(runs[specs[0].label])
+                hf = next((median_seconds(runs[s.label]) for s in specs if s.name == "hf-generate"), None)
                 for s in specs:
-                    new, sec, extra = results[s.label]
+                    mine = runs[s.label]
+                    new, _, extra = mine[0]
+                    sec = median_seconds(mine)
                     tokens = generated(new, pad_token_id)
                     row = {"kind": "batch", "label": s.label, "spec": format_spec(s.name, s.options), "task": batch.task, "batch_size": size,
                            "prompt_ids": [p.id for p in batch.prompts], "new_tokens": tokens, "seconds": round(sec, 4),
                            "tokens_per_second": tokens / sec, "speedup_vs_ar": ref_s / sec,
-                           "speedup_vs_hf": None if hf is None else hf[1] / sec,
-                           "mismatched_rows": differs(new, ref_new), **extra, **meta}
+                           "speedup_vs_hf": None if hf is None else hf / sec,
+                           "mismatched_rows": max(differs(out, ref_new) for out, _, _ in mine), **extra,
+                           "repeats": repeats, "seconds_each": [round(x, 4) for _, x, _ in mine], **meta}
                     fh.write(json.dumps(row) + "\n")
                     fh.flush()
                     rows.append(row)
                     progress(f"B={size:<3d} {batch.task:16s} {s.label:18s} {row['tokens_per_second']:8.1f} tok/s "
                              f"x{row['speedup_vs_ar']:.2f} AR  mismatched rows {row['mismatched_rows']}")
     return rows
+
+
+Run = tuple[torch.Tensor, float, dict[str, Any]]
+
+
+def interleaved(run: Callable[[StrategySpec], Run], specs: Sequence[StrategySpec], repeats: int) -> dict[str, list[Run]]:
+    """``run(spec)`` for every spec, ``repeats`` passes; pass ``k`` starts at spec ``k mod n`` (the
+    order rotated by one each pass). Returns each spec's runs in pass order, by label."""
+    runs: dict[str, list[Run]] = {s.label: [] for s in specs}
+    n = len(specs)
+    for k in range(repeats):
+        for j in range(n):
+            s = specs[(k + j) % n]
+            runs[s.label].append(run(s))
+    return runs
+
+
+def median_seconds(runs: Sequence[Run]) -> float:
+    """The median of the runs' seconds (the mean of the middle two for an even count)."""
+    return float(statistics.median(x for _, x, _ in runs))
 
 
 def tables(rows: Sequence[dict[str, Any]]) -> str:

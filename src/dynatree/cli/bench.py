@@ -256,6 +256,9 @@ def bench(
                                                         "batched autoregressive decoding per task and B (greedy; "
                                                         "MT-bench first turns; HF's assisted and prompt lookup "
                                                         "refuse batches and are skipped).")] = None,
+    repeats: Annotated[int, typer.Option(help="With --batch-size: run every spec this many times per batch, "
+                                              "interleaved (the order rotated each pass), and time it by the "
+                                              "median (a virtual machine's timings move by ~15% run to run).")] = 1,
 ) -> None:
     """Run every strategy on the same prompts in one process; write JSONL; print a summary."""
     from dynatree.bench.runner import BenchSettings, run_bench
@@ -271,9 +274,13 @@ def bench(
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise DynaTreeError(f"--temperature must be a finite number >= 0, got {temperature}")
     _check_run(run)
+    if repeats < 1:
+        raise DynaTreeError(f"--repeats must be >= 1, got {repeats}")
     if batch_size is not None:
-        _bench_batches(run, options, specs, batch_size, temperature, tp, strategies != DEFAULT_STRATEGIES)
+        _bench_batches(run, options, specs, batch_size, temperature, tp, strategies != DEFAULT_STRATEGIES, repeats)
         return
+    if repeats != 1:
+        raise DynaTreeError("--repeats applies to batched runs (--batch-size); a per-prompt run repeats over its prompts")
     if run.draft == "none":  # hf-assisted needs a draft model: refused (or dropped) before loading the target
         specs = _drop_unsupported_hf(specs, None, explicit=strategies != DEFAULT_STRATEGIES)
     needs_draft = any(s.uses_draft for s in specs)
@@ -309,7 +316,7 @@ def bench(
 
 
 def _bench_batches(run: RunArgs, options: EngineOptions, specs: list[StrategySpec], batch_size: str,
-                   temperature: float, tp: bool, explicit: bool) -> None:
+                   temperature: float, tp: bool, explicit: bool, repeats: int = 1) -> None:
     """``bench --batch-size``: :mod:`dynatree.bench.batches` on the run's prompts (checked first)."""
     from dynatree.bench.batches import check_specs, parse_sizes, run_batches, tables
     from dynatree.bench.specs import parse_spec
@@ -338,7 +345,7 @@ def _bench_batches(run: RunArgs, options: EngineOptions, specs: list[StrategySpe
             "dtype": run.dtype, "device": run.device, "threads": torch.get_num_threads(), **provenance()}
     say = (lambda line: typer.echo(line, err=True)) if run.progress else (lambda line: None)
     rows = run_batches(tmodel, dmodel, prompts, specs, sizes, max_new_tokens=run.max_new_tokens, pad_token_id=pad,
-                       options=options, output=run.output, meta=meta, progress=say)
+                       options=options, output=run.output, meta=meta, repeats=repeats, progress=say)
     typer.echo(tables(rows))
     bad = sum(r["mismatched_rows"] for r in rows)
     typer.secho(f"{len(rows)} row(s) appended to {run.output}; " + (
