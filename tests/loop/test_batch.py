@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import math
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ import dynatree
 import dynatree.loop.batch as batch_loop
 from dynatree import STRATEGIES, DynaTreeError, EngineOptions, SamplingConfig, StoppingConfig
 from dynatree.core.stats import BatchStats
+from dynatree.drafts.model import ModelProposer
 from dynatree.runtime.batch_cache import BatchedKV
 from tiny import ARCHS, SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model
 
@@ -563,3 +565,52 @@ def test_a_batch_takes_the_share_costs_of_the_next_tabulated_size(monkeypatch: p
     assert batch_loop.share_cost(cpu, 9)[0].cost(18) == pytest.approx(1.5)
     assert batch_loop.share_cost(torch.device("meta"), 2)[0].cost(4) == pytest.approx(1.2)
     assert batch_loop.share_cost(cpu, 2)[1] == dynatree.tuning.BATCH_MAX_ROWS["cpu"]
+
+
+def test_the_cut_pause_schedule() -> None:
+    """Drafting that bought nothing and cost more than ``material`` of the verify pauses 1, 2, 4
+    ... rounds up to ``longest``; a round that keeps a tree resets the length; cheap drafting
+    (a text lookup) never pauses."""
+    pause = batch_loop.CutPause(material=0.1, longest=4)
+    lengths = []
+    for _ in range(4):
+        pause.observe(False, t_draft=0.5, t_verify=1.0)
+        lengths.append(pause.left)
+        while pause.take():
+            pass
+    assert lengths == [1, 2, 4, 4] and pause.paused == 11
+    pause.observe(True, t_draft=0.5, t_verify=1.0)
+    pause.observe(False, t_draft=0.5, t_verify=1.0)
+    assert pause.left == 1
+    assert pause.take() and not pause.take()
+    pause.observe(False, t_draft=0.1, t_verify=1.0)  # (not more than material)
+    assert pause.left == 0 and not pause.take()
+
+
+@pytest.mark.parametrize("material", [0.0, math.inf])
+def test_a_batch_pauses_drafting_whose_trees_are_all_cut(material: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft with a flat distribution (each node's probability 1 / vocabulary), on a curve where
+    a second row per row costs 20% more than a plain step: the prior lets the rows draft (a third
+    of a token per node would pay), their trees' own gains do not, and every tree is cut to its
+    root. Where drafting counts as material (``material=0``, the back-off on) the draft model runs
+    in a few rounds only, on the 1, 2, 4 ... schedule; where it never does (``material=inf``), in
+    every round. Both exact."""
+    share_costs(monkeypatch, {4: ((1, 2, 4), (1.0, 1.2, 1.5))})
+    monkeypatch.setattr(batch_loop, "BATCH_PAUSE_MATERIAL", material)
+    flat = tiny_model("llama", 7)
+    with torch.no_grad():
+        flat.lm_head.weight.zero_()
+    calls = []
+    begin = ModelProposer.begin_round
+    monkeypatch.setattr(ModelProposer, "begin_round", lambda self, b: calls.append(1) or begin(self, b))
+    ids, mask = padded(prompts((4, 9, 1, 6), 5))
+    out = dynatree.generate(models("llama")["target"], flat, ids, "linear", k=3, max_new_tokens=24,
+                            attention_mask=mask, stopping=stopping(), text=False,
+                            backoff=dynatree.Backoff(margin=1e-9, probe_plain=1))  # (its rate pause: never)
+    assert torch.equal(out.sequences, hf_batch("llama", (4, 9, 1, 6), 5, 24))
+    assert max(drafted(out)) == 0  # (the setup: every tree cut)
+    rounds = out.stats.num_rounds
+    if material == 0.0:
+        assert 0 < len(calls) <= 4 * 5, len(calls)  # 4 rows, in rounds 1, 3, 6, 11, 20 at most
+    else:
+        assert len(calls) >= 4 * (rounds - 2), (len(calls), rounds)  # (every round but the back-off's probe)

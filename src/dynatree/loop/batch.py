@@ -22,8 +22,10 @@ with these differences:
   trees have had accepted) per unit of verify cost, the device's measured cost of each share at
   this batch size (:data:`dynatree.tuning.BATCH_SHARE_COST`), and every tree is cut to it. The
   wider the batch, the more each extra row per row costs, down to plain batched decoding where
-  no tree pays. Sampled: a fixed share, ``BATCH_TREE_ROWS // rows`` (1 under ``BATCH_MIN_SHARE``),
-  so a seeded row's draws do not depend on its neighbours' trees;
+  no tree pays; with the back-off on, a round whose drafting cost was material and whose every
+  tree was cut to its root pauses the batch's drafting (:class:`CutPause`). Sampled: a fixed share,
+  ``BATCH_TREE_ROWS // rows`` (1 under ``BATCH_MIN_SHARE``), so a seeded row's draws do not
+  depend on its neighbours' trees;
 * the back-off (:class:`~dynatree.loop.backoff.Backoff`, greedy runs) judges the batch as a
   whole: it compares the batch's committed tokens per second in speculative rounds and in plain
   rounds, and every row drafts or none does. A batch's rounds last as long as its slowest row
@@ -56,7 +58,8 @@ from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
-from dynatree.tuning import BATCH_MAX_ROWS, BATCH_PRIOR_EXPECTED, BATCH_MIN_SHARE, BATCH_SHARE_COST, BATCH_TREE_ROWS, TEXT_CALIBRATION_DECAY
+from dynatree.tuning import (BATCH_MAX_ROWS, BATCH_MIN_SHARE, BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX, BATCH_PRIOR_EXPECTED,
+                             BATCH_SHARE_COST, BATCH_TREE_ROWS, TEXT_CALIBRATION_DECAY)
 
 
 def row_generators(rows: int, seed: int | Sequence[int] | None, generator: torch.Generator | None) -> list[torch.Generator]:
@@ -133,6 +136,43 @@ def node_gains(builder: TreeBuilder, rate: float) -> list[float]:
 
 
 @dataclasses.dataclass
+class CutPause:
+    """A greedy batch's pause after drafting that bought nothing.
+
+    The share is chosen after the rows have drafted (their trees' path probabilities are its
+    evidence), so a round whose every tree is cut to its root has paid for its drafting in vain.
+    Where that drafting was cheap (a text lookup) the next round may as well look again; where it
+    was material (a draft model's calls: more than ``material`` of the round's verify time), the
+    batch skips drafting for ``length`` rounds, doubling after each such round up to ``longest``,
+    back to 1 once a round keeps a tree. Outputs never depend on it (greedy: the target's argmax
+    whatever the trees); the rounds it skips are plain steps. It reads the clock, so it runs where
+    the back-off does (greedy, ``backoff`` not off): a run with ``backoff=False`` keeps trees that
+    do not depend on timing."""
+
+    material: float = BATCH_PAUSE_MATERIAL
+    longest: int = BATCH_PAUSE_MAX
+    length: int = 1
+    left: int = 0
+    paused: int = 0  # rounds skipped, in all
+
+    def take(self) -> bool:
+        """Whether this round is paused (counts it)."""
+        if self.left > 0:
+            self.left -= 1
+            self.paused += 1
+            return True
+        return False
+
+    def observe(self, kept: bool, t_draft: float, t_verify: float) -> None:
+        """A round that drafted: whether any tree kept a drafted node; its drafting and verify times."""
+        if kept:
+            self.length = 1
+        elif t_draft > self.material * t_verify:
+            self.left = self.length
+            self.length = min(2 * self.length, self.longest)
+
+
+@dataclasses.dataclass
 class _Row:
     prompt: list[int]
     proposer: Proposer | None
@@ -181,6 +221,7 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         r.stats.t_prefill = stats.t_prefill
 
     active = list(range(len(rows)))
+    pause = CutPause(BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX) if run.backoff is not None else None
     while active:
         t0 = clock()
         # 1. Draft: each running row grows its tree up to the round's cap, then (greedy) every tree
@@ -198,7 +239,7 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
             # and every row's calibration relaxes toward its draft's own probabilities, so the
             # rows try a tree again after a while.
             best = [[min(1.0, rows[i].rate)] * (cap - 1) if rows[i].proposer is not None else [] for i in active]
-            if choose_share(curve, best, cap) == 1:
+            if (pause is not None and pause.take()) or choose_share(curve, best, cap) == 1:
                 cap = 1
                 for i in active:
                     rows[i].rest()
@@ -231,6 +272,8 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         else:
             logits = [x[: t.size] for x, t in zip(target.verify(trees), trees)]
         t2 = clock()
+        if pause is not None and any(proposed):
+            pause.observe(any(drafting), t1 - t0, t2 - t1)
         # 3. Accept, per row.
         decided = []
         for j, i in enumerate(active):
