@@ -25,6 +25,7 @@ import torch
 import dynatree
 import dynatree.loop.batch as batch_loop
 from dynatree import STRATEGIES, DynaTreeError, EngineOptions, SamplingConfig, StoppingConfig
+from dynatree.core import costmodel
 from dynatree.core.stats import BatchStats
 from dynatree.drafts.model import ModelProposer
 from dynatree.runtime.batch_cache import BatchedKV
@@ -614,3 +615,47 @@ def test_a_batch_pauses_drafting_whose_trees_are_all_cut(material: float, monkey
         assert 0 < len(calls) <= 4 * 5, len(calls)  # 4 rows, in rounds 1, 3, 6, 11, 20 at most
     else:
         assert len(calls) >= 4 * (rounds - 2), (len(calls), rounds)  # (every round but the back-off's probe)
+
+
+def test_measure_shares_times_each_share_on_a_batched_cache() -> None:
+    """The batch's verify + commit per share, timed by the clock it is given (here: one ms per
+    verified row per batch row), interleaved after one warm-up each; the median by share."""
+    kv = BatchedKV(models("llama")["target"], VOCAB)
+    now, verify = [0.0], kv.verify
+
+    def timed(trees, hidden=False):
+        now[0] += 1e-3 * trees[0].size
+        return verify(trees, hidden=hidden)
+
+    kv.verify = timed
+    with torch.inference_mode():
+        profile = costmodel.measure_shares(kv, 3, (1, 2, 4, 8), lazy_head=True, reps=2, clock=lambda: now[0])
+    assert profile.rows == (1, 2, 4, 8) and profile.ms == pytest.approx((1.0, 2.0, 4.0, 8.0))
+    assert profile.meta["batch_rows"] == 3
+    assert kv.rows == 3 and kv.width == costmodel.BATCH_CONTEXT + 4 * 3  # (a root kept per call)
+
+
+def test_a_batch_reads_this_machines_measured_share_costs(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """With the cost model on, a greedy batch times its shares once (cached on disk) and cuts its
+    trees by them: a second row per row free, a fourth costly, so trees of at most 2 rows each;
+    the next run reads the file. Off, it reads the tuning table. Every run exact."""
+
+    monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "on")
+    measured = []
+
+    def fake(kv, rows, shares, lazy_head, reps=3, clock=None):
+        measured.append((rows, tuple(shares)))
+        return costmodel.CostProfile(tuple(shares), tuple(1.0 if m <= 2 else 100.0 * m for m in shares),
+                                     meta={"batch_rows": rows})
+
+    monkeypatch.setattr(costmodel, "measure_shares", fake)
+    for _ in range(2):
+        out = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
+        assert out.stats.share_costs["source"] == "measured at 4 rows"
+        assert max(drafted(out)) == 1 and all(r.verified_rows <= 8 for r in out.stats.rounds)
+    assert measured == [(4, (1, 2, 4, 8, 16, 32))]  # (once: the second run read the cache)
+    assert mismatches("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16) == []
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "off")
+    off = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
+    assert off.stats.share_costs["source"].startswith("tuning.BATCH_SHARE_COST") and max(drafted(off)) > 1

@@ -175,7 +175,7 @@ def run_one(target: torch.nn.Module, draft: torch.nn.Module | None, spec: Strate
         stats = out.stats
         extra["tokens_per_round"] = stats.mean_committed
         if len(batch.prompts) > 1:
-            extra.update(rounds=stats.num_rounds, t_realign=stats.t_realign)
+            extra.update(rounds=stats.num_rounds, t_realign=stats.t_realign, share_costs=stats.share_costs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start

@@ -43,6 +43,7 @@ ENV_DIR = "DYNATREE_CACHE_DIR"
 ENV_SWITCH = "DYNATREE_COST_MODEL"
 FORMAT = 1
 CONTEXT = 64  # cached tokens the profile's verify calls attend to (a short prompt)
+BATCH_CONTEXT = 128  # cached tokens per row before a batch's timed verify calls
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,68 @@ def _empty(kv: Any) -> None:
     else:
         kv.compact(0, [])
 
+
+
+def measure_shares(kv: Any, rows: int, shares: Sequence[int], lazy_head: bool, reps: int = 3,
+                   clock: Callable[[], float] | None = None) -> CostProfile:
+    """Time a batched verify of ``rows`` chains of each share (rows per batch row, root included)
+    and its commit, as a greedy batch's round runs them (with ``lazy_head``, the hidden states and
+    the head on each chain), after a ``BATCH_CONTEXT``-token context per row: one warm-up call
+    per share, then ``reps`` rounds over all shares, interleaved. ``kv`` is a fresh
+    :class:`~dynatree.runtime.batch_cache.BatchedKV`. Returns the median time (ms) by share: a
+    profile over shares, not total rows (the loop reads it at the batch's rows)."""
+    from dynatree.core.clock import sync_clock
+    from dynatree.core.tree import TreeBuilder
+    from dynatree.core.verify import batch_lazy_logits
+
+    tick = clock or sync_clock(kv.device)
+    kv.prefill([[0] * BATCH_CONTEXT] * rows)
+
+    def chain(m: int) -> Any:
+        b = TreeBuilder(0)
+        for i in range(m - 1):
+            b.add(i, 0, 0.0)
+        return b.freeze()
+
+    trees = {m: [chain(m)] * rows for m in shares}
+    times: dict[int, list[float]] = {m: [] for m in shares}
+
+    def once(m: int) -> float:
+        t0 = tick()
+        if lazy_head:
+            batch_lazy_logits(kv.verify(trees[m], hidden=True), trees[m], kv.head, kv.vocab_size)
+        else:
+            kv.verify(trees[m])
+        kv.commit([[0]] * rows)  # (each row keeps its root: the context grows by one token a call)
+        return tick() - t0
+
+    for m in shares:
+        once(m)
+    for _ in range(reps):
+        for m in shares:
+            times[m].append(once(m))
+    return CostProfile(tuple(shares), tuple(1e3 * statistics.median(times[m]) for m in shares),
+                       meta={"reps": reps, "context": BATCH_CONTEXT, "batch_rows": rows,
+                             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def share_profile_for(new_kv: Callable[[], Any], model: torch.nn.Module, rows: int, shares: Sequence[int],
+                      lazy_head: bool) -> CostProfile | None:
+    """The cached cost of each share for a batch of ``rows`` rows of this (model, device, dtype,
+    threads), or a fresh measurement on ``new_kv()`` (:func:`measure_shares`, saved for next
+    time); None while profiling is switched off (the loop then reads ``tuning.BATCH_SHARE_COST``)."""
+    if not enabled():
+        return None
+    key = profile_key(model, "batch", False, {"rows": rows, "shares": list(shares), "lazy_head": lazy_head,
+                                               "context": BATCH_CONTEXT})
+    profile = load(key)
+    if profile is None:
+        profile = measure_shares(new_kv(), rows, shares, lazy_head)
+        try:
+            save(key, profile)
+        except OSError:
+            pass  # a read-only cache dir only costs a re-measurement next time
+    return profile
 
 
 def profile_for(kv: Any, model: torch.nn.Module, engine: str, compile: bool | str, lazy_head: bool,

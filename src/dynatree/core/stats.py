@@ -142,6 +142,9 @@ class BatchStats:
     t_prefill: float = 0.0
     t_total: float = 0.0
     rounds: list[BatchRound] = field(default_factory=list)
+    #: a greedy batch's verify cost by share: where it came from (``source``: the tuning table or this
+    #: machine's measurement), ``shares`` and their ``cost`` relative to a plain step
+    share_costs: dict[str, Any] | None = None
 
     def __getitem__(self, row: int) -> GenerationStats:
         return self.rows[row]

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from dynatree.core.clock import sync_clock
-from dynatree.core.costmodel import CostProfile, choose_share
+from dynatree.core.costmodel import CostProfile, choose_share, share_profile_for
 from dynatree.core.proposer import Outcome, Proposer, RunContext
 from dynatree.core.sampling import DraftSampler, SamplingConfig
 from dynatree.core.stats import BatchRound, BatchStats, GenerationResult, GenerationStats, RoundStats
@@ -116,17 +116,40 @@ def open_row_proposers(draft: Any, proposer_cls: type[Proposer] | None, context:
     ]
 
 
-def share_cost(device: torch.device, rows: int) -> tuple[CostProfile, int]:
+def share_cost(device: torch.device, rows: int, measured: CostProfile | None = None) -> tuple[CostProfile, int]:
     """What a greedy batch of ``rows`` rows pays for each share, as a cost over its forward's
     total rows (``rows x share``), and the most rows that forward may hold, for ``device`` (a
-    device type without its own table takes the CPU's): ``tuning.BATCH_SHARE_COST``'s table of the
-    smallest tabulated batch size at least ``rows`` (the largest past the last)."""
+    device type without its own table takes the CPU's). ``measured``: this machine's cost by
+    share (:func:`measured_shares`, timed at the batch's starting size, which a batch whose rows
+    have finished keeps: it errs toward plain steps); else ``tuning.BATCH_SHARE_COST``'s table of
+    the smallest tabulated batch size at least ``rows`` (the largest past the last)."""
     kind = device.type if device.type in BATCH_SHARE_COST else "cpu"
-    tables = BATCH_SHARE_COST[kind]
-    size = min((b for b in tables if b >= rows), default=max(tables))
-    shares, cost = tables[size]
-    return (CostProfile(tuple(rows * m for m in shares), cost, meta={"source": f"tuning.BATCH_SHARE_COST[{kind!r}][{size}]"}),
+    if measured is not None:
+        shares, cost = measured.rows, measured.ms
+        source = f"measured at {measured.meta.get('batch_rows', '?')} rows"
+    else:
+        tables = BATCH_SHARE_COST[kind]
+        size = min((b for b in tables if b >= rows), default=max(tables))
+        shares, cost = tables[size]
+        source = f"tuning.BATCH_SHARE_COST[{kind!r}][{size}]"
+    return (CostProfile(tuple(rows * m for m in shares), cost, meta={"source": source, "shares": list(shares),
+                                                                     "cost": [round(c / cost[0], 3) for c in cost]}),
             BATCH_MAX_ROWS[kind])
+
+
+def measured_shares(target: BatchedKV, rows: int, lazy_head: bool) -> CostProfile | None:
+    """This machine's verify cost of each share (1, 2, 4 ... rows per row, up to what
+    ``BATCH_MAX_ROWS`` leaves each of ``rows`` rows) for a batch of ``rows`` rows of this target,
+    timed once on a fresh batched cache and cached on disk with the single-prompt cost profiles
+    (:func:`~dynatree.core.costmodel.share_profile_for`: a few seconds, once per model, machine and
+    batch size). Opt-in with them (``DYNATREE_COST_MODEL=on``); None while off, and where a batch
+    this wide has no second share."""
+    kind = target.device.type if target.device.type in BATCH_MAX_ROWS else "cpu"
+    top = BATCH_MAX_ROWS[kind] // rows
+    shares = tuple(m for m in (1, 2, 4, 8, 16, 32) if m <= top)
+    if len(shares) < 2:
+        return None
+    return share_profile_for(lambda: type(target)(target.model, target.vocab_size), target.model, rows, shares, lazy_head)
 
 
 def node_gains(builder: TreeBuilder, rate: float) -> list[float]:
@@ -221,6 +244,7 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         r.stats.t_prefill = stats.t_prefill
 
     active = list(range(len(rows)))
+    measured = measured_shares(target, len(rows), run.lazy_head) if run.sampling.greedy else None
     pause = CutPause(BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX) if run.backoff is not None else None
     while active:
         t0 = clock()
@@ -232,7 +256,9 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         #    for the whole run, so a row's trees, and with them its draws, do not depend on its
         #    neighbours; a share under BATCH_MIN_SHARE rows is 1: plain steps.
         if run.sampling.greedy:
-            curve, max_rows = share_cost(target.device, len(active))
+            curve, max_rows = share_cost(target.device, len(active), measured)
+            if stats.share_costs is None:
+                stats.share_costs = curve.meta
             cap = max(1, max_rows // len(active))
             # The most a tree could pay for, each node as likely as its row's calibration allows:
             # where even that is a plain step, no row drafts (its draft model is not even run)
