@@ -347,9 +347,14 @@ def share_profile_for(new_kv: Callable[[], Any], model: torch.nn.Module, rows: i
         return None
     key = profile_key(model, "batch", False, {"rows": rows, "shares": list(shares), "lazy_head": lazy_head,
                                                "context": BATCH_CONTEXT})
+    return cached(key, lambda: measure_shares(new_kv(), rows, shares, lazy_head))
+
+
+def cached(key: dict[str, Any], fresh: Callable[[], CostProfile]) -> CostProfile:
+    """The profile saved for ``key``, else ``fresh()`` measured now and saved for next time."""
     profile = load(key)
     if profile is None:
-        profile = measure_shares(new_kv(), rows, shares, lazy_head)
+        profile = fresh()
         try:
             save(key, profile)
         except OSError:
@@ -366,14 +371,11 @@ def profile_for(kv: Any, model: torch.nn.Module, engine: str, compile: bool | st
         return None
     key = profile_key(model, engine, compile, {"lazy_head": lazy_head, "buckets": list(buckets) if buckets else None,
                                                "cpu_linear": cpu_linear})
-    profile = load(key)
-    if profile is None:
+
+    def fresh() -> CostProfile:
         if log is not None:
             log("dynatree: measuring the target's verify cost per tree size (once for this model and machine)...")
         sizes = default_sizes(kv.device.type, getattr(kv, "buckets", None) if kv.engine == "static" else None)
-        profile = measure(kv, sizes, lazy_head)
-        try:
-            save(key, profile)
-        except OSError:
-            pass  # a read-only cache dir only costs a re-measurement next time
-    return profile
+        return measure(kv, sizes, lazy_head)
+
+    return cached(key, fresh)
