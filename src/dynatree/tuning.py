@@ -39,20 +39,22 @@ BATCH_MIN_SHARE = 3
 #: costs)``, interpolated linearly and extended past the last share by the last segment's slope.
 #: A batch of ``rows`` takes the table of the smallest tabulated ``B >= rows`` (the largest past
 #: the last): a wider batch's shares cost relatively more, so this errs toward plain steps.
-#: Per batch size, not one curve over total rows: 32 rows cost 1.8x a plain step of 4 rows as
-#: 4 x 8 but 1.7x one of 16 rows as 16 x 2, and at 800-token contexts 2.1x and 2.0x, while
-#: plain batches of 4 and 16 rows differ 2x (every row's context costs). CPU: the 2-core Intel
+#: Per batch size, not one curve over total rows: 32 rows cost 1.73x a plain step of 4 rows as
+#: 4 x 8 but 1.14x one of 16 rows as 16 x 2, while plain batches of 4 and 16 rows differ 1.8x
+#: (every row's context costs). CPU: the 2-core Intel
 #: Xeon (Sapphire Rapids), SmolLM2-135M, fp32, 2 threads, 400-token contexts, a verify of a chain
-#: per row and its commit, median of 5 interleaved timings (2026-11-27); plain steps 49 / 80 / 98 /
-#: 143 ms at B = 2 / 4 / 8 / 16. CUDA: not timed for batches; the H200's single-sequence compiled
-#: verify of a Pythia-2.8B-shaped target (1.24 one-row steps at 32 rows, 1.45 at 64) read as 16
+#: per row and its commit with the grouped keys and values read in place (``runtime/batch_cache``),
+#: the mean of two runs of medians of 5 interleaved timings (2026-11-27); plain steps 60 / 91 /
+#: 122 / 163 ms at B = 2 / 4 / 8 / 16. (Before the batch read the cache in place, HF's
+#: per-query-head copy made a share of 2 cost 1.72 plain steps at B = 16, now 1.14.) CUDA: not
+#: timed for batches; the H200's single-sequence compiled verify of a Pythia-2.8B-shaped target (1.24 one-row steps at 32 rows, 1.45 at 64) read as 16
 #: rows x share.
 BATCH_SHARE_COST: dict[str, dict[int, tuple[tuple[int, ...], tuple[float, ...]]]] = {
     "cpu": {
-        2: ((1, 2, 4, 8, 16), (1.0, 1.43, 1.69, 2.05, 2.63)),
-        4: ((1, 2, 4, 8, 16), (1.0, 1.27, 1.47, 1.80, 2.16)),
-        8: ((1, 2, 4, 8, 16), (1.0, 1.51, 1.72, 2.22, 3.17)),
-        16: ((1, 2, 4, 8), (1.0, 1.72, 2.04, 2.85)),
+        2: ((1, 2, 4, 8, 16), (1.0, 1.47, 1.76, 2.01, 2.48)),
+        4: ((1, 2, 4, 8, 16), (1.0, 1.23, 1.39, 1.73, 2.20)),
+        8: ((1, 2, 4, 8, 16), (1.0, 1.11, 1.37, 1.86, 2.72)),
+        16: ((1, 2, 4, 8), (1.0, 1.14, 1.56, 2.30)),
     },
     "cuda": {16: ((1, 2, 4), (1.0, 1.13, 1.32))},
 }

@@ -29,6 +29,7 @@ import torch
 from dynatree.core.tree import TokenTree, ancestor_matrix
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.cache import new_cache, plain_head
+from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
 from dynatree.runtime.window import attention_layout
 
 
@@ -115,9 +116,13 @@ class BatchedKV:
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)  # (finite: a fully masked row stays NaN-free)
         inputs = dict(input_ids=tokens.to(self.device), attention_mask=mask[:, None].to(self.device),
                       position_ids=positions.to(self.device), past_key_values=self.cache, use_cache=True)
-        if base:
-            return self.model.base_model(**inputs).last_hidden_state
-        return self.model(**inputs, logits_to_keep=logits_to_keep).logits
+        # Several query rows per batch row (a tree share, the prefill) read the grouped keys and
+        # values in place instead of HF's per-query-head copy (kernels/grouped_kv.py); one row per
+        # batch row keeps HF's packed one-token path, the one HF's own batched generate takes.
+        with grouped_kv(grouped_kv_applies(self.device, int(tokens.shape[1]))):
+            if base:
+                return self.model.base_model(**inputs).last_hidden_state
+            return self.model(**inputs, logits_to_keep=logits_to_keep).logits
 
     # ------------------------------------------------------------------------- bookkeeping
     def commit(self, keep: Sequence[Sequence[int]]) -> None:

@@ -109,3 +109,39 @@ def test_greedy_output_equals_hf_greedy_with_the_cache_read_in_place(arch: str, 
     ids = torch.tensor([[3, 17, 42, 8, 29, 11, 5]])
     got = dynatree.generate(target, draft, ids, strategy, max_new_tokens=40, stopping=NO_EOS, text=False)
     assert torch.equal(got.sequences, hf_greedy(target, ids, 40, None))
+
+
+def _batch_logits(model: torch.nn.Module, inplace: bool, monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
+    import dynatree.runtime.batch_cache as BC
+
+    monkeypatch.setattr(BC, "grouped_kv_applies", grouped_kv.applies if inplace else (lambda device, rows: False))
+    kv = BC.BatchedKV(model, C.vocab_size(model))
+    with torch.inference_mode():
+        kv.prefill([[5, 9, 17, 3, 44, 21], [8, 30, 2]])
+        return kv.verify([_chain(7, [12, 40, 3]), _chain(11, [6])])
+
+
+def test_a_batchs_tree_calls_read_the_cache_in_place_and_its_plain_steps_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's verify of trees (several query rows per batch row) reads grouped keys in place;
+    a plain batched step (one query row per batch row) keeps HF's packed path, the one HF's own
+    batched generate takes; the logits equal the copying path's, and a wrong grouping would show."""
+    import dynatree.runtime.batch_cache as BC
+
+    monkeypatch.delenv(grouped_kv.ENV, raising=False)
+    model = tiny_model("llama", 4, layers=3)  # 4 query heads on 2 KV heads
+    seen = _spy(monkeypatch)
+    kv = BC.BatchedKV(model, C.vocab_size(model))
+    with torch.inference_mode():
+        kv.prefill([[5, 9, 17, 3], [8, 30]])
+        kv.verify([_chain(7, [12, 40]), _chain(11, [6])])
+        assert seen and all(s == (4, 2, True) for s in seen)
+        kv.commit([[0], [0]])
+        seen.clear()
+        kv.verify([_chain(7, []), _chain(11, [])])
+        assert seen and not any(gqa for _, _, gqa in seen)
+    assert grouped_kv.ENV not in os.environ
+    copying = _batch_logits(model, False, monkeypatch)
+    inplace = _batch_logits(model, True, monkeypatch)
+    torch.testing.assert_close(inplace, copying, rtol=1e-5, atol=1e-5)
+    _spy(monkeypatch, misgroup=True)
+    assert not torch.allclose(_batch_logits(model, True, monkeypatch), copying, rtol=1e-3, atol=1e-3)
