@@ -67,6 +67,25 @@ BATCH_SHARE_COST: dict[str, dict[int, tuple[tuple[int, ...], tuple[float, ...]]]
 #: instruct rewrite set at B = 4 kept its trees (6.5 tokens per round, 1.9x), Spec-Bench's
 #: translation at B = 4 too (1.33x, text).
 BATCH_PRIOR_EXPECTED = 3.0
+#: A greedy batch values a token gained on each row by that row's chance of finishing last
+#: (``core.costmodel.last_row_weights``): a batch runs until its last row is done, so a token on
+#: a row far ahead saves only that row's part of a later step. ``BATCH_ROW_COST``: what each row
+#: beyond the first adds to a plain batched step, in one-row steps (a plain step of B rows costs
+#: ``1 + r (B - 1)``, ``0 <= r <= 1``). CPU: the 2-core Intel Xeon (Sapphire Rapids), SmolLM2-135M, fp32, 2 threads,
+#: 400-token contexts, two runs of medians of 5 interleaved steps (2026-11-27): 58 / 60 / 72 / 91 /
+#: 103 / 122 / 148 / 163 ms at B = 1 / 2 / 3 / 4 / 6 / 8 / 12 / 16, a line of 7.0 ms per row over a
+#: 58 ms one-row step (the slopes between neighbouring sizes jump with the kernels' row blocking,
+#: so the line, not a local slope). CUDA: not timed for batches; the H200's single-sequence
+#: compiled verify curve (1.24 one-row steps at 32 rows) gives about 0.01. ``BATCH_LAST_SPREAD``:
+#: how uncertain it is which row finishes last, as the spread of a softmax over the rows'
+#: remaining rounds in units of ``sqrt(R)`` (``R`` the longest: gains come in bursts, so a row's
+#: progress over ``R`` rounds wanders by about ``sqrt(R)``; two rows' difference by ``sqrt(2 R)``).
+#: A fixed spread of 2 rounds made the text draft drop every tree of Spec-Bench translation at
+#: B = 4 (96 rounds, 1.04x our batched decoding, against 73 rounds and 1.61x unweighted, medians
+#: of 3 interleaved on the 2-core Intel Xeon): a row a few tokens ahead early on is not known to
+#: finish first, its later gains still shorten the batch.
+BATCH_ROW_COST = {"cpu": 0.12, "cuda": 0.01}
+BATCH_LAST_SPREAD = 1.5
 #: A greedy batch round that drafted but whose every tree was cut to its root (the share was one
 #: row per row) paid for its drafting and gained nothing; where that drafting was material (more
 #: than ``BATCH_PAUSE_MATERIAL`` of the round's verify time: a draft model's calls, not a text

@@ -11,7 +11,7 @@ from tiny import VOCAB, perturbed, tiny_model
 
 import dynatree
 from dynatree.core import costmodel
-from dynatree.core.costmodel import CostProfile, choose_budget, choose_share, max_useful_nodes
+from dynatree.core.costmodel import CostProfile, choose_budget, choose_share, last_row_weights, max_useful_nodes
 from dynatree.errors import DynaTreeError
 from dynatree.options import StoppingConfig
 from dynatree.policies import make_policy
@@ -119,6 +119,41 @@ def test_share_shrinks_as_the_batch_grows() -> None:
     tree = [0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.1]
     shares = [choose_share(curve, [tree] * b) for b in (1, 2, 4, 8, 16)]
     assert shares == [8, 8, 4, 2, 1]
+
+
+def test_a_rows_weight_follows_its_chance_of_finishing_last() -> None:
+    """Rows tied for last weigh 1 each; a row far ahead weighs the per-row part of a step; a lone
+    laggard the rest of the step on top; the weights average 1 (the batch's expected time is
+    unchanged when nothing is known)."""
+    assert last_row_weights([50.0] * 4, 0.7, 2.0) == pytest.approx([1.0] * 4)
+    w = last_row_weights([50.0, 10.0, 50.0, 50.0], 0.7, 2.0)
+    assert w[1] == pytest.approx(0.7) and w[0] == pytest.approx(0.7 + 0.3 * 4 / 3, rel=1e-6)
+    lone = last_row_weights([90.0, 10.0, 10.0, 10.0], 0.7, 2.0)
+    assert lone[0] == pytest.approx(0.7 + 0.3 * 4) and sum(lone) == pytest.approx(4.0)
+    near = last_row_weights([50.0, 49.0], 0.5, 2.0)  # (one round apart: still a chance)
+    assert 1.0 < near[0] < 1.5 and 0.5 < near[1] < 1.0
+    assert last_row_weights([], 0.7, 2.0) == []
+    assert last_row_weights([5.0, 1.0], 1.0, 2.0) == [1.0, 1.0]  # (rows are all a step costs: no end effect)
+    for bad in ((-0.1, 2.0), (1.1, 2.0), (0.5, 0.0)):
+        with pytest.raises(DynaTreeError):
+            last_row_weights([1.0], *bad)
+
+
+def test_a_tree_on_the_last_row_buys_a_share_the_same_tree_ahead_does_not() -> None:
+    """4 rows, a second row per row costs 30% more: one row's node at 0.8 does not pay (4.8 / 1.3 <
+    4) unweighted, nor on a row far ahead, but does on the lone last row (weight 1.9: 5.52 / 1.3 >
+    4). A drafting overhead counts against every share but the plain one."""
+    cost = CostProfile((1, 4, 8), (1.0, 1.0, 1.3))
+    gains = [[0.8], [], [], []]
+    assert choose_share(cost, gains) == 1
+    assert choose_share(cost, gains, weights=last_row_weights([10.0, 90.0, 90.0, 90.0], 0.7, 2.0)) == 1
+    assert choose_share(cost, gains, weights=last_row_weights([90.0, 10.0, 10.0, 10.0], 0.7, 2.0)) == 2
+    sure = [[1.0], [1.0], [1.0], [1.0]]
+    assert choose_share(cost, sure) == 2 and choose_share(cost, sure, overhead=2.0) == 1
+    with pytest.raises(DynaTreeError):
+        choose_share(cost, gains, weights=[1.0])
+    with pytest.raises(DynaTreeError):
+        choose_share(cost, gains, overhead=-1.0)
 
 
 # ------------------------------------------------------------------------- the disk cache

@@ -543,6 +543,47 @@ def test_the_share_weighs_each_rows_calibrated_gains(monkeypatch: pytest.MonkeyP
     assert sum(v > 8 for v in mutant[1:]) > len(mutant) // 2, mutant
 
 
+def test_a_rows_weight_follows_its_remaining_rounds_and_the_devices_row_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's remaining rounds are its tokens still to write at its pace so far; its weight comes
+    from them and the part of a plain step each row costs on the device (CPU: 12% of a one-row
+    step per row, so 35% of a 4-row step is per row; CUDA: 1%, 4%)."""
+    row = batch_loop._Row([1, 2], None, torch.Generator(), dynatree.core.stats.GenerationStats(strategy="linear", prompt_tokens=2))
+    assert row.remaining_rounds(50) == 50.0
+    row.out = list(range(10))
+    row.stats.rounds = [None] * 4  # (10 tokens in 4 rounds)
+    assert row.remaining_rounds(50) == pytest.approx(40 * 5 / 11)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert batch_loop.row_weights(cpu, [7.0]) == [1.0]
+    assert batch_loop.row_weights(cpu, [30.0] * 4) == pytest.approx([1.0] * 4)
+    share = 4 * 0.12 / (1 + 0.12 * 3)
+    assert batch_loop.row_weights(cpu, [900.0, 10.0, 10.0, 10.0]) == pytest.approx([share + (1 - share) * 4] + [share] * 3)
+    assert batch_loop.row_weights(cuda, [900.0, 10.0, 10.0, 10.0])[1] == pytest.approx(4 * 0.01 / 1.03)
+    # The spread grows with the rounds left: 4 rounds apart weigh little early, much near the end.
+    early, late = batch_loop.row_weights(cpu, [90.0, 86.0]), batch_loop.row_weights(cpu, [6.0, 2.0])
+    assert early[0] - early[1] < 0.5 * (late[0] - late[1])
+    monkeypatch.setattr(batch_loop, "BATCH_ROW_COST", {"cpu": 1.0})  # (a step is its rows, nothing else)
+    assert batch_loop.row_weights(cpu, [90.0, 10.0]) == pytest.approx([1.0, 1.0])
+
+
+def test_the_share_is_chosen_with_the_rows_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop hands choose_share the weights of its running rows' remaining rounds, before the
+    rows draft (whether any tree could pay) and after (the cut)."""
+    flat_curve(monkeypatch)
+    seen, weights = [], []
+    real_share, real_weights = batch_loop.choose_share, batch_loop.row_weights
+
+    def spy_weights(device, remaining):
+        weights.append(real_weights(device, remaining))
+        return weights[-1]
+
+    monkeypatch.setattr(batch_loop, "row_weights", spy_weights)
+    monkeypatch.setattr(batch_loop, "choose_share", lambda *a, **kw: seen.append(kw.get("weights")) or real_share(*a, **kw))
+    run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
+    assert seen and all(any(w is x for x in weights) for w in seen)
+    assert weights[0] == pytest.approx([1.0] * 4)  # (a fresh batch: every row tied)
+    assert any(max(w) - min(w) > 0.1 for w in weights)  # (rows that accepted more fell behind in weight)
+
+
 def test_a_sampled_share_is_fixed_by_the_batch_size() -> None:
     """Sampled: each row's tree gets BATCH_TREE_ROWS // rows verify rows for the whole run: 4 rows
     draft trees of at most that size; 8 rows get a share under BATCH_MIN_SHARE and decode plain."""

@@ -140,33 +140,71 @@ def choose_budget(cost: CostProfile | Callable[[int], float], gains: Sequence[fl
 
 
 def choose_share(cost: CostProfile | Callable[[int], float], gains: Sequence[Sequence[float]],
-                 limit: int | None = None) -> int:
+                 limit: int | None = None, *, weights: Sequence[float] | None = None,
+                 overhead: float = 0.0) -> int:
     """Rows per batch row (root included) a batched round should verify: the ``m`` in
     ``[1, limit]`` that maximises the batch's expected committed tokens per unit of verify cost,
 
-        (B + sum over rows b of sum(gains[b][:m - 1])) / cost(B * m),   B = len(gains),
+        (B + sum over rows b of w_b * sum(gains[b][:m - 1])) / (cost(B * m) + [m > 1] * overhead),
 
-    the smallest on ties. ``gains[b]`` are row ``b``'s drafted nodes' expected gains in tree order
-    (a prefix of a tree is a tree). One share for all rows because the batched forward pads every
-    row's tree to the widest: the batch pays for ``B * m`` rows whichever rows fill them. So the
-    wider the batch, the further up the cost curve each extra row per batch row lands, and the
-    share shrinks to 1 (plain batched decoding) where no tree's expected gain pays for it.
+    ``B = len(gains)``, the smallest on ties. ``gains[b]`` are row ``b``'s drafted nodes' expected
+    gains in tree order (a prefix of a tree is a tree). One share for all rows because the batched
+    forward pads every row's tree to the widest: the batch pays for ``B * m`` rows whichever rows
+    fill them. So the wider the batch, the further up the cost curve each extra row per batch row
+    lands, and the share shrinks to 1 (plain batched decoding) where no tree's expected gain pays
+    for it.
+
+    ``weights`` (default 1 each): what a token gained on row ``b`` is worth against the batch's
+    average (:func:`last_row_weights`: a batch lasts as long as its slowest row, so a token on a
+    row far ahead saves less). ``overhead``: what drafting the trees would cost, in the same units
+    as ``cost`` (0 once they are drafted: a sunk cost does not change the best cut).
     """
     rows = len(gains)
     if rows == 0:
         return 1
+    if weights is not None and len(weights) != rows:
+        raise DynaTreeError(f"weights must have one entry per row ({rows}), got {len(weights)}")
+    if not (math.isfinite(overhead) and overhead >= 0):
+        raise DynaTreeError(f"overhead must be finite and >= 0, got {overhead}")
+    w = [1.0] * rows if weights is None else [float(x) for x in weights]
     top = 1 + max(len(g) for g in gains)
     if limit is not None:
         top = max(1, min(top, limit))
     best, best_m, total = -1.0, 1, float(rows)
     for m in range(1, top + 1):
         if m > 1:
-            total += sum(float(g[m - 2]) for g in gains if len(g) >= m - 1)
+            total += sum(wb * float(g[m - 2]) for wb, g in zip(w, gains) if len(g) >= m - 1)
         c = cost.cost(rows * m) if isinstance(cost, CostProfile) else float(cost(rows * m))
-        value = total / c
+        value = total / (c + (overhead if m > 1 else 0.0))
         if value > best * (1 + 1e-9):
             best, best_m = value, m
     return best_m
+
+
+def last_row_weights(remaining: Sequence[float], row_share: float, spread: float) -> list[float]:
+    """What a token gained on each row of a batch is worth, relative to the batch's average row,
+    given each row's expected remaining rounds (its tokens still to write over its recent tokens
+    per round).
+
+    Why not 1 each: a batch's step costs ``a + beta * rows``; it runs until its last row is done,
+    and a row that finishes leaves. A token gained on any row saves ``beta`` (one row fewer in a
+    later step); one gained on the row that finishes last also saves ``a`` (one step fewer at the
+    end). With ``row_share = beta * B / cost(B)`` (the per-row part of a step) and ``p_b`` the
+    chance that row ``b`` is the last (a softmax of the remaining rounds with temperature
+    ``spread`` rounds: the future is uncertain), a token on row ``b`` is worth
+
+        w_b = row_share + (1 - row_share) * B * p_b,
+
+    which averages 1 over the rows: rows tied for last weigh 1 each, a row far ahead
+    ``row_share``, a lone laggard up to ``row_share + (1 - row_share) * B``."""
+    if not remaining:
+        return []
+    if not (0.0 <= row_share <= 1.0) or not spread > 0:
+        raise DynaTreeError(f"row_share must be in [0, 1] and spread > 0, got {row_share}, {spread}")
+    top = max(remaining)
+    odds = [math.exp((r - top) / spread) for r in remaining]
+    total = sum(odds)
+    return [row_share + (1.0 - row_share) * len(remaining) * o / total for o in odds]
 
 
 def max_useful_nodes(cost: CostProfile, overhead_ms: float = 0.0, certainty: float = 1.0) -> int:

@@ -19,10 +19,11 @@ with these differences:
   ``BATCH_MAX_ROWS // rows`` rows, then one share for all rows is chosen per round
   (:func:`~dynatree.core.costmodel.choose_share`): the one that maximises the batch's expected
   committed tokens (each row's drafted nodes' path probabilities, calibrated by what that row's
-  trees have had accepted) per unit of verify cost, the device's measured cost of each share at
-  this batch size (:data:`dynatree.tuning.BATCH_SHARE_COST`), and every tree is cut to it. The
-  wider the batch, the more each extra row per row costs, down to plain batched decoding where
-  no tree pays; with the back-off on, a round whose drafting cost was material and whose every
+  trees have had accepted, and weighted by the row's chance of finishing last: a batch lasts as
+  long as its slowest row, :func:`row_weights`) per unit of verify cost, the device's measured
+  cost of each share at this batch size (:data:`dynatree.tuning.BATCH_SHARE_COST`), and every
+  tree is cut to it. The wider the batch, the more each extra row per row costs, down to plain
+  batched decoding where no tree pays; with the back-off on, a round whose drafting cost was material and whose every
   tree was cut to its root pauses the batch's drafting (:class:`CutPause`). Sampled: a fixed share,
   ``BATCH_TREE_ROWS // rows`` (1 under ``BATCH_MIN_SHARE``), so a seeded row's draws do not
   depend on its neighbours' trees;
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 
 from dynatree.core.clock import sync_clock
-from dynatree.core.costmodel import CostProfile, choose_share, share_profile_for
+from dynatree.core.costmodel import CostProfile, choose_share, last_row_weights, share_profile_for
 from dynatree.core.proposer import Outcome, Proposer, RunContext
 from dynatree.core.sampling import DraftSampler, SamplingConfig
 from dynatree.core.stats import BatchRound, BatchStats, GenerationResult, GenerationStats, RoundStats
@@ -58,8 +59,9 @@ from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
-from dynatree.tuning import (BATCH_MAX_ROWS, BATCH_MIN_SHARE, BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX, BATCH_PRIOR_EXPECTED,
-                             BATCH_SHARE_COST, BATCH_TREE_ROWS, TEXT_CALIBRATION_DECAY)
+from dynatree.tuning import (BATCH_LAST_SPREAD, BATCH_MAX_ROWS, BATCH_MIN_SHARE, BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX,
+                             BATCH_PRIOR_EXPECTED, BATCH_ROW_COST, BATCH_SHARE_COST, BATCH_TREE_ROWS,
+                             TEXT_CALIBRATION_DECAY)
 
 
 def row_generators(rows: int, seed: int | Sequence[int] | None, generator: torch.Generator | None) -> list[torch.Generator]:
@@ -158,6 +160,24 @@ def node_gains(builder: TreeBuilder, rate: float) -> list[float]:
     return [min(1.0, math.exp(c) * rate) for c in builder.cum_logq[1:]]
 
 
+def row_weights(device: torch.device, remaining_rounds: Sequence[float]) -> list[float]:
+    """What a token gained on each running row is worth against the batch's average
+    (:func:`~dynatree.core.costmodel.last_row_weights`), from the rows' expected remaining rounds
+    and the per-row part of a plain step of this many rows: ``B r / (1 + r (B - 1))`` with ``r``
+    the device's ``tuning.BATCH_ROW_COST`` (a device type without its own takes the CPU's).
+
+    Which row finishes last is uncertain in proportion to how far off the end is: gains come in
+    bursts (a copied span), so over ``R`` rounds a row's progress wanders by about ``sqrt(R)``
+    rounds. The softmax's spread is ``tuning.BATCH_LAST_SPREAD * sqrt(R)`` for the longest ``R``:
+    early on a row a few tokens ahead may still finish last; near the end it will not."""
+    r = BATCH_ROW_COST.get(device.type, BATCH_ROW_COST["cpu"])
+    b = len(remaining_rounds)
+    if not b:
+        return []
+    spread = BATCH_LAST_SPREAD * math.sqrt(max(1.0, max(remaining_rounds)))
+    return last_row_weights(remaining_rounds, b * r / (1.0 + r * (b - 1)), spread)
+
+
 @dataclasses.dataclass
 class CutPause:
     """A greedy batch's pause after drafting that bought nothing.
@@ -215,6 +235,12 @@ class _Row:
         a third until its trees show the target takes more)."""
         return (self.taken + 1.0) / (self.expected + BATCH_PRIOR_EXPECTED)
 
+    def remaining_rounds(self, max_new_tokens: int) -> float:
+        """Rounds the row still needs at its pace so far (committed tokens per round, on a prior
+        of one plain round): its length limit is what it is known to need; an EOS may end it
+        sooner, which nothing here can know."""
+        return (max_new_tokens - len(self.out)) * (len(self.stats.rounds) + 1) / (len(self.out) + 1)
+
     def rest(self) -> None:
         """A round without a tree: the evidence ages as if one had been verified."""
         self.taken *= TEXT_CALIBRATION_DECAY
@@ -260,12 +286,13 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
             if stats.share_costs is None:
                 stats.share_costs = curve.meta
             cap = max(1, max_rows // len(active))
+            weights = row_weights(target.device, [rows[i].remaining_rounds(run.max_new_tokens) for i in active])
             # The most a tree could pay for, each node as likely as its row's calibration allows:
             # where even that is a plain step, no row drafts (its draft model is not even run)
             # and every row's calibration relaxes toward its draft's own probabilities, so the
             # rows try a tree again after a while.
             best = [[min(1.0, rows[i].rate)] * (cap - 1) if rows[i].proposer is not None else [] for i in active]
-            if (pause is not None and pause.take()) or choose_share(curve, best, cap) == 1:
+            if (pause is not None and pause.take()) or choose_share(curve, best, cap, weights=weights) == 1:
                 cap = 1
                 for i in active:
                     rows[i].rest()
@@ -286,7 +313,8 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
             proposed.append(drafts)
             t_row.append(clock() - s)
         if run.sampling.greedy and any(proposed):
-            share = choose_share(curve, [node_gains(b, rows[i].rate) for b, i in zip(builders, active)], cap)
+            share = choose_share(curve, [node_gains(b, rows[i].rate) for b, i in zip(builders, active)], cap,
+                                 weights=weights)
             for b in builders:
                 b.truncate(share)
         trees = [b.freeze() for b in builders]
