@@ -182,3 +182,21 @@ def test_the_cli_prints_the_table_by_batch_size(model_dirs, tmp_path: Path) -> N
     assert "hf-assisted: skipped" in res.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 * 3 and {r["task"] for r in rows} == {"p.txt"}
+
+
+@pytest.mark.parametrize("draft", ["model", "none"])
+def test_the_default_batch_line_up_is_what_generate_runs(draft: str, model_dirs, tmp_path: Path) -> None:
+    """Without --strategies a batch bench runs what generate does by default (the text alone; with
+    a draft model, the draft and the text in one tree) against our batched autoregressive decoding
+    and HF's batched generate: not the per-prompt line-up, whose specs draft from the model alone."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the fox jumps\n\na dog runs far away\n")
+    out = tmp_path / "r.jsonl"
+    res = CliRunner().invoke(app, ["bench", "--target", model_dirs[0], "--draft",
+                                   model_dirs[1] if draft == "model" else "none", "--dataset", str(prompts),
+                                   "--num-prompts", "2", "--max-new-tokens", "4", "--batch-size", "2",
+                                   "--output", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    labels = [json.loads(line)["label"] for line in out.read_text().splitlines()]
+    assert labels == (["autoregressive", "text", "hybrid", "hf-generate"] if draft == "model"
+                      else ["autoregressive", "text", "hf-generate"])

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from dynatree.bench.specs import StrategySpec
 
 DEFAULT_STRATEGIES = "autoregressive,linear,fixed,dynatree,dyspec,hf-assisted"
+#: ``--batch-size`` without ``--strategies``: the two defaults a batch runs with (the text alone, and
+#: a draft model with the text: what ``generate`` does without and with a draft) against our batched
+#: autoregressive decoding and HF's batched generate; without a draft model, the text alone.
+BATCH_STRATEGIES = "autoregressive,dynatree:source=text@text,dynatree:source=hybrid@hybrid,hf-generate"
+BATCH_STRATEGIES_NO_DRAFT = "autoregressive,dynatree:source=text@text,hf-generate"
 HF_ASSISTED = "hf-assisted"  # (bench.specs.HF_ASSISTED; not imported here, to keep --help free of torch)
 STRATEGY_HELP = (
     "Comma-separated specs NAME:key=value:...@LABEL (options and label optional), e.g. \"linear:k=8,fixed:depth=8:branch=3,dynatree\". "
@@ -255,7 +260,9 @@ def bench(
                                                         "or 1,4,8,16; total tokens per second and speedup over our "
                                                         "batched autoregressive decoding per task and B (greedy; "
                                                         "MT-bench first turns; HF's assisted and prompt lookup "
-                                                        "refuse batches and are skipped).")] = None,
+                                                        "refuse batches and are skipped). Without --strategies: "
+                                                        "autoregressive, the text, the hybrid (draft model and "
+                                                        "text) and hf-generate.")] = None,
     repeats: Annotated[int, typer.Option(help="With --batch-size: run every spec this many times per batch, "
                                               "interleaved (the order rotated each pass), and time it by the "
                                               "median (a virtual machine's timings move by ~15% run to run).")] = 1,
@@ -319,15 +326,15 @@ def _bench_batches(run: RunArgs, options: EngineOptions, specs: list[StrategySpe
                    temperature: float, tp: bool, explicit: bool, repeats: int = 1) -> None:
     """``bench --batch-size``: :mod:`dynatree.bench.batches` on the run's prompts (checked first)."""
     from dynatree.bench.batches import check_specs, parse_sizes, run_batches, tables
-    from dynatree.bench.specs import parse_spec
+    from dynatree.bench.specs import parse_strategies
     from dynatree.bench.sysinfo import provenance
     from dynatree.loop.batch import pad_token
 
     sizes = parse_sizes(batch_size)
     if tp or temperature > 0:
         raise DynaTreeError("--batch-size runs greedy, on one process: drop --tp and --temperature")
-    if not explicit:  # the default line-up minus what cannot batch, plus HF's batched generate
-        specs = [s for s in specs if s.name != HF_ASSISTED] + [parse_spec("hf-generate")]
+    if not explicit:  # what generate runs by default, with and without a draft, and the two baselines
+        specs = parse_strategies(BATCH_STRATEGIES_NO_DRAFT if run.draft == "none" else BATCH_STRATEGIES)
     specs, notes = check_specs(specs)
     if run.draft == "none":
         specs = [s.without_model() if s.uses_draft else s for s in specs]
