@@ -71,11 +71,11 @@ BATCH_PRIOR_EXPECTED = 3.0
 #: (``core.costmodel.last_row_weights``): a batch runs until its last row is done, so a token on
 #: a row far ahead saves only that row's part of a later step. ``BATCH_ROW_COST``: what each row
 #: beyond the first adds to a plain batched step, in one-row steps (a plain step of B rows costs
-#: ``1 + r (B - 1)``, ``0 <= r <= 1``). CPU: the 2-core Intel Xeon (Sapphire Rapids), SmolLM2-135M, fp32, 2 threads,
-#: 400-token contexts, two runs of medians of 5 interleaved steps (2026-11-27): 58 / 60 / 72 / 91 /
-#: 103 / 122 / 148 / 163 ms at B = 1 / 2 / 3 / 4 / 6 / 8 / 12 / 16, a line of 7.0 ms per row over a
-#: 58 ms one-row step (the slopes between neighbouring sizes jump with the kernels' row blocking,
-#: so the line, not a local slope). CUDA: not timed for batches; the H200's single-sequence
+#: ``1 + r (B - 1)``, ``0 <= r <= 1``). CPU: the 2-core Intel Xeon (Sapphire Rapids),
+#: SmolLM2-135M, fp32, 2 threads, 400-token contexts, two runs of medians of 5 interleaved steps
+#: (2026-11-27): 58 / 60 / 72 / 91 / 103 / 122 / 148 / 163 ms at B = 1 / 2 / 3 / 4 / 6 / 8 / 12 /
+#: 16, a line of 7.0 ms per row over a 58 ms one-row step (the slopes between neighbouring sizes
+#: jump with the kernels' row blocking, so the line, not a local slope). CUDA: not timed for batches; the H200's single-sequence
 #: compiled verify curve (1.24 one-row steps at 32 rows) gives about 0.01. ``BATCH_LAST_SPREAD``:
 #: how uncertain it is which row finishes last, as the spread of a softmax over the rows'
 #: remaining rounds in units of ``sqrt(R)`` (``R`` the longest: gains come in bursts, so a row's

@@ -23,10 +23,10 @@ with these differences:
   long as its slowest row, :func:`row_weights`) per unit of verify cost, the device's measured
   cost of each share at this batch size (:data:`dynatree.tuning.BATCH_SHARE_COST`), and every
   tree is cut to it. The wider the batch, the more each extra row per row costs, down to plain
-  batched decoding where no tree pays; with the back-off on, a round whose drafting cost was material and whose every
-  tree was cut to its root pauses the batch's drafting (:class:`CutPause`). Sampled: a fixed share,
-  ``BATCH_TREE_ROWS // rows`` (1 under ``BATCH_MIN_SHARE``), so a seeded row's draws do not
-  depend on its neighbours' trees;
+  batched decoding where no tree pays; with the back-off on, a round whose drafting cost was
+  material and whose every tree was cut to its root pauses the batch's drafting
+  (:class:`CutPause`). Sampled: a fixed share, ``BATCH_TREE_ROWS // rows`` (1 under
+  ``BATCH_MIN_SHARE``), so a seeded row's draws do not depend on its neighbours' trees;
 * the back-off (:class:`~dynatree.loop.backoff.Backoff`, greedy runs) judges the batch as a
   whole: it compares the batch's committed tokens per second in speculative rounds and in plain
   rounds, and every row drafts or none does. A batch's rounds last as long as its slowest row
