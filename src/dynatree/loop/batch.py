@@ -118,6 +118,11 @@ def open_row_proposers(draft: Any, proposer_cls: type[Proposer] | None, context:
     ]
 
 
+def per_device(table: dict[str, Any], device: torch.device) -> Any:
+    """``table``'s entry for ``device``'s type; a device type without its own takes the CPU's."""
+    return table.get(device.type, table["cpu"])
+
+
 def share_cost(device: torch.device, rows: int, measured: CostProfile | None = None) -> tuple[CostProfile, int]:
     """What a greedy batch of ``rows`` rows pays for each share, as a cost over its forward's
     total rows (``rows x share``), and the most rows that forward may hold, for ``device`` (a
@@ -125,18 +130,18 @@ def share_cost(device: torch.device, rows: int, measured: CostProfile | None = N
     share (:func:`measured_shares`, timed at the batch's starting size, which a batch whose rows
     have finished keeps: it errs toward plain steps); else ``tuning.BATCH_SHARE_COST``'s table of
     the smallest tabulated batch size at least ``rows`` (the largest past the last)."""
-    kind = device.type if device.type in BATCH_SHARE_COST else "cpu"
     if measured is not None:
         shares, cost = measured.rows, measured.ms
         source = f"measured at {measured.meta.get('batch_rows', '?')} rows"
     else:
-        tables = BATCH_SHARE_COST[kind]
+        tables = per_device(BATCH_SHARE_COST, device)
         size = min((b for b in tables if b >= rows), default=max(tables))
         shares, cost = tables[size]
+        kind = device.type if device.type in BATCH_SHARE_COST else "cpu"
         source = f"tuning.BATCH_SHARE_COST[{kind!r}][{size}]"
     return (CostProfile(tuple(rows * m for m in shares), cost, meta={"source": source, "shares": list(shares),
                                                                      "cost": [round(c / cost[0], 3) for c in cost]}),
-            BATCH_MAX_ROWS[kind])
+            per_device(BATCH_MAX_ROWS, device))
 
 
 def measured_shares(target: BatchedKV, rows: int, lazy_head: bool) -> CostProfile | None:
@@ -146,8 +151,7 @@ def measured_shares(target: BatchedKV, rows: int, lazy_head: bool) -> CostProfil
     (:func:`~dynatree.core.costmodel.share_profile_for`: a few seconds, once per model, machine and
     batch size). Opt-in with them (``DYNATREE_COST_MODEL=on``); None while off, and where a batch
     this wide has no second share."""
-    kind = target.device.type if target.device.type in BATCH_MAX_ROWS else "cpu"
-    top = BATCH_MAX_ROWS[kind] // rows
+    top = per_device(BATCH_MAX_ROWS, target.device) // rows
     shares = tuple(m for m in (1, 2, 4, 8, 16, 32) if m <= top)
     if len(shares) < 2:
         return None
@@ -170,7 +174,7 @@ def row_weights(device: torch.device, remaining_rounds: Sequence[float]) -> list
     bursts (a copied span), so over ``R`` rounds a row's progress wanders by about ``sqrt(R)``
     rounds. The softmax's spread is ``tuning.BATCH_LAST_SPREAD * sqrt(R)`` for the longest ``R``:
     early on a row a few tokens ahead may still finish last; near the end it will not."""
-    r = BATCH_ROW_COST.get(device.type, BATCH_ROW_COST["cpu"])
+    r = per_device(BATCH_ROW_COST, device)
     b = len(remaining_rounds)
     if not b:
         return []
