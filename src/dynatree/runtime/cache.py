@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, St
 
 from dynatree.runtime import distributed
 from dynatree.runtime.devices import check_compiler
+from dynatree.runtime.growing_layer import GrowingLayer
 from dynatree.errors import DynaTreeError
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear, packing_applies
 from dynatree.options import LinearPlan, fixed_plan
@@ -41,10 +42,12 @@ def new_cache(model: torch.nn.Module, layout: AttentionLayout | None = _FIND) ->
     if layout is _FIND:
         layout = attention_layout(model)
     cache = DynamicCache(config=getattr(model, "config", None))
-    if layout is not None:
-        cache.layers = [DynamicLayer() if type(x) is DynamicSlidingWindowLayer else x for x in cache.layers]
+    full = (DynamicLayer, DynamicSlidingWindowLayer) if layout is not None else (DynamicLayer,)
+    cache.layers = [GrowingLayer() if type(x) in full else x for x in cache.layers]
+    if cache.layer_class_to_replicate is DynamicLayer:  # (no config: layers are made on first use)
+        cache.layer_class_to_replicate = GrowingLayer
     for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
+        if type(layer) is not GrowingLayer:
             raise DynaTreeError(
                 f"{type(model).__name__} uses {type(layer).__name__} cache layers (sliding window or "
                 "similar); tree speculative decoding here supports full-attention caches only"
