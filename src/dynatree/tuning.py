@@ -43,18 +43,21 @@ BATCH_MIN_SHARE = 3
 #: 4 x 8 but 1.14x one of 16 rows as 16 x 2, while plain batches of 4 and 16 rows differ 1.8x
 #: (every row's context costs). CPU: the 2-core Intel
 #: Xeon (Sapphire Rapids), SmolLM2-135M, fp32, 2 threads, 400-token contexts, a verify of a chain
-#: per row and its commit with the grouped keys and values read in place (``runtime/batch_cache``),
-#: the mean of two runs of medians of 5 interleaved timings (2026-11-27); plain steps 60 / 91 /
-#: 122 / 163 ms at B = 2 / 4 / 8 / 16. (Before the batch read the cache in place, HF's
-#: per-query-head copy made a share of 2 cost 1.72 plain steps at B = 16, now 1.14.) CUDA: not
+#: per row and its commit with the grouped keys and values read in place (``runtime/batch_cache``)
+#: and appended in place (``runtime/growing_layer``), the mean of three runs of medians of 5
+#: interleaved timings (2026-11-27); plain steps 43-65 / 57-91 / 77-115 / 92-149 ms at B = 2 / 4 /
+#: 8 / 16 (the VM's phases). (Before the batch read the cache in place, HF's per-query-head copy
+#: made a share of 2 cost 1.72 plain steps at B = 16, then 1.14. Appending in place took the same
+#: milliseconds off plain and tree steps, so the larger shares now cost relatively more: a share
+#: of 8 at B = 16 2.58 plain steps, 2.30 before.) CUDA: not
 #: timed for batches; the H200's single-sequence compiled verify of a Pythia-2.8B-shaped target (1.24 one-row steps at 32 rows, 1.45 at 64) read as 16
 #: rows x share.
 BATCH_SHARE_COST: dict[str, dict[int, tuple[tuple[int, ...], tuple[float, ...]]]] = {
     "cpu": {
-        2: ((1, 2, 4, 8, 16), (1.0, 1.47, 1.76, 2.01, 2.48)),
-        4: ((1, 2, 4, 8, 16), (1.0, 1.23, 1.39, 1.73, 2.20)),
-        8: ((1, 2, 4, 8, 16), (1.0, 1.11, 1.37, 1.86, 2.72)),
-        16: ((1, 2, 4, 8), (1.0, 1.14, 1.56, 2.30)),
+        2: ((1, 2, 4, 8, 16), (1.0, 1.31, 1.63, 1.80, 2.28)),
+        4: ((1, 2, 4, 8, 16), (1.0, 1.22, 1.34, 1.76, 2.54)),
+        8: ((1, 2, 4, 8, 16), (1.0, 1.09, 1.38, 1.98, 2.93)),
+        16: ((1, 2, 4, 8), (1.0, 1.17, 1.70, 2.58)),
     },
     "cuda": {16: ((1, 2, 4), (1.0, 1.13, 1.32))},
 }
@@ -72,10 +75,12 @@ BATCH_PRIOR_EXPECTED = 3.0
 #: a row far ahead saves only that row's part of a later step. ``BATCH_ROW_COST``: what each row
 #: beyond the first adds to a plain batched step, in one-row steps (a plain step of B rows costs
 #: ``1 + r (B - 1)``, ``0 <= r <= 1``). CPU: the 2-core Intel Xeon (Sapphire Rapids),
-#: SmolLM2-135M, fp32, 2 threads, 400-token contexts, two runs of medians of 5 interleaved steps
-#: (2026-11-27): 58 / 60 / 72 / 91 / 103 / 122 / 148 / 163 ms at B = 1 / 2 / 3 / 4 / 6 / 8 / 12 /
-#: 16, a line of 7.0 ms per row over a 58 ms one-row step (the slopes between neighbouring sizes
-#: jump with the kernels' row blocking, so the line, not a local slope). CUDA: not timed for batches; the H200's single-sequence
+#: SmolLM2-135M, fp32, 2 threads, 400-token contexts, KV appended in place, three runs of medians
+#: of 5 interleaved steps (2026-11-27), e.g. 63 / 65 / 69 / 91 / 102 / 115 / 141 / 149 ms at B = 1 /
+#: 2 / 3 / 4 / 6 / 8 / 12 / 16: least-squares lines of 0.090-0.097 one-row steps per row (0.12
+#: before the cache appended in place: HF's copy of the whole cache grows with the rows). The
+#: slopes between neighbouring sizes jump with the kernels' row blocking, so the line, not a local
+#: slope. CUDA: not timed for batches; the H200's single-sequence
 #: compiled verify curve (1.24 one-row steps at 32 rows) gives about 0.01. ``BATCH_LAST_SPREAD``:
 #: how uncertain it is which row finishes last, as the spread of a softmax over the rows'
 #: remaining rounds in units of ``sqrt(R)`` (``R`` the longest: gains come in bursts, so a row's
@@ -84,7 +89,7 @@ BATCH_PRIOR_EXPECTED = 3.0
 #: B = 4 (96 rounds, 1.04x our batched decoding, against 73 rounds and 1.61x unweighted, medians
 #: of 3 interleaved on the 2-core Intel Xeon): a row a few tokens ahead early on is not known to
 #: finish first, its later gains still shorten the batch.
-BATCH_ROW_COST = {"cpu": 0.12, "cuda": 0.01}
+BATCH_ROW_COST = {"cpu": 0.10, "cuda": 0.01}
 BATCH_LAST_SPREAD = 1.5
 #: A greedy batch round that drafted but whose every tree was cut to its root (the share was one
 #: row per row) paid for its drafting and gained nothing; where that drafting was material (more

@@ -545,8 +545,9 @@ def test_the_share_weighs_each_rows_calibrated_gains(monkeypatch: pytest.MonkeyP
 
 def test_a_rows_weight_follows_its_remaining_rounds_and_the_devices_row_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's remaining rounds are its tokens still to write at its pace so far; its weight comes
-    from them and the part of a plain step each row costs on the device (CPU: 12% of a one-row
-    step per row, so 35% of a 4-row step is per row; CUDA: 1%, 4%)."""
+    from them and the part of a plain step each row costs on the device (``BATCH_ROW_COST``: on
+    CPU about a tenth of a one-row step per row, so about 30% of a 4-row step is per row; CUDA:
+    1%, 4%)."""
     row = batch_loop._Row([1, 2], None, torch.Generator(), dynatree.core.stats.GenerationStats(strategy="linear", prompt_tokens=2))
     assert row.remaining_rounds(50) == 50.0
     row.out = list(range(10))
@@ -555,7 +556,8 @@ def test_a_rows_weight_follows_its_remaining_rounds_and_the_devices_row_cost(mon
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert batch_loop.row_weights(cpu, [7.0]) == [1.0]
     assert batch_loop.row_weights(cpu, [30.0] * 4) == pytest.approx([1.0] * 4)
-    share = 4 * 0.12 / (1 + 0.12 * 3)
+    r = batch_loop.BATCH_ROW_COST["cpu"]
+    share = 4 * r / (1 + r * 3)
     assert batch_loop.row_weights(cpu, [900.0, 10.0, 10.0, 10.0]) == pytest.approx([share + (1 - share) * 4] + [share] * 3)
     assert batch_loop.row_weights(cuda, [900.0, 10.0, 10.0, 10.0])[1] == pytest.approx(4 * 0.01 / 1.03)
     # The spread grows with the rounds left: 4 rounds apart weigh little early, much near the end.
