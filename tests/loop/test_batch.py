@@ -28,6 +28,7 @@ from dynatree import STRATEGIES, DynaTreeError, EngineOptions, SamplingConfig, S
 from dynatree.core import costmodel
 from dynatree.core.stats import BatchStats
 from dynatree.drafts.model import ModelProposer
+import dynatree.runtime.batch_cache as batch_cache
 from dynatree.runtime.batch_cache import BatchedKV
 from tiny import ARCHS, SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model
 
@@ -375,6 +376,40 @@ def test_exactness_check_catches_mutant(arch: str, mutant, monkeypatch: pytest.M
     assert mismatches(arch, "dynatree", "perturbed") == []  # the same case passes unmutated
     mutant(monkeypatch)
     assert mismatches(arch, "dynatree", "perturbed") != []
+
+
+def test_prompts_prefilled_one_by_one_give_the_same_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the prompts prefilled one at a time, unpadded (forced: the tiny prompts' padding is
+    under the threshold), every architecture's batch still equals HF's batched greedy and each row
+    alone; a mutant that writes each row's prompt into its neighbour's row is caught."""
+    monkeypatch.setattr(batch_cache, "BATCH_PREFILL_ROW_PADDING", -1)
+    real, seen = BatchedKV._prefill_rows, []
+
+    def spy(self, rows, width):
+        seen.append(len(rows))
+        return real(self, rows, width)
+
+    monkeypatch.setattr(BatchedKV, "_prefill_rows", spy)
+    for arch in ARCHS:
+        assert mismatches(arch, "dynatree", "perturbed") == [], arch
+    assert len(seen) >= len(ARCHS)
+    monkeypatch.setattr(BatchedKV, "_prefill_rows", lambda self, rows, width: real(self, rows[1:] + rows[:1], width))
+    assert mismatches("llama", "dynatree", "perturbed") != []
+
+
+def test_when_prompts_are_prefilled_one_by_one() -> None:
+    """One by one on CPU once the padding a batched call would compute passes the threshold per
+    row, or the longest prompt the length threshold; never for one row or on a GPU (where rows run
+    in parallel)."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    pad, long = batch_cache.BATCH_PREFILL_ROW_PADDING, batch_cache.BATCH_PREFILL_ROW_LENGTH
+    short = long - 1
+    assert not batch_cache.ragged_prefill_applies(cpu, [short, short, short])
+    assert not batch_cache.ragged_prefill_applies(cpu, [short, short - pad])  # (pad / 2 per row)
+    assert batch_cache.ragged_prefill_applies(cpu, [short, short - 2 * pad - 2])
+    assert batch_cache.ragged_prefill_applies(cpu, [long, long])
+    assert not batch_cache.ragged_prefill_applies(cuda, [2000, 10])
+    assert not batch_cache.ragged_prefill_applies(cpu, [2000])
 
 
 # ------------------------------------------------------------------------------------- 5. sampling

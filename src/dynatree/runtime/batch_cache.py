@@ -31,6 +31,20 @@ from dynatree.errors import DynaTreeError
 from dynatree.runtime.cache import new_cache, plain_head
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
 from dynatree.runtime.window import attention_layout
+from dynatree.tuning import BATCH_PREFILL_ROW_LENGTH, BATCH_PREFILL_ROW_PADDING
+
+
+def ragged_prefill_applies(device: torch.device, lengths: Sequence[int]) -> bool:
+    """Whether a batch's prompts are prefilled one by one, unpadded and causal (no mask), rather
+    than in one call padded to the longest with a mask. On CPU, one by one wins once the padding
+    outweighs the extra passes over the weights, or once the prompts are long enough that the
+    masked attention over every padded row dominates (``tuning.BATCH_PREFILL_ROW_PADDING``,
+    ``tuning.BATCH_PREFILL_ROW_LENGTH``, where the measurements are)."""
+    rows = len(lengths)
+    if device.type != "cpu" or rows < 2:
+        return False
+    longest = max(lengths)
+    return longest >= BATCH_PREFILL_ROW_LENGTH or rows * longest - sum(lengths) > BATCH_PREFILL_ROW_PADDING * rows
 
 
 class BatchedKV:
@@ -85,9 +99,29 @@ class BatchedKV:
         self.pos = self.valid.sum(1)
         if not width:
             return
+        if ragged_prefill_applies(self.device, [len(p) for p in prompts]):
+            self._prefill_rows(prompts, width)
+            return
         positions = (self.valid.long().cumsum(1) - 1).clamp_(min=0)
         allowed = self.valid[:, None, :] & torch.ones(width, width, dtype=torch.bool).tril()
         self._call(tokens, positions, allowed, logits_to_keep=1)
+
+    def _prefill_rows(self, prompts: Sequence[Sequence[int]], width: int) -> None:
+        """Each prompt in a call of its own, unpadded, its keys and values written into its row's
+        last ``len(prompt)`` columns (the left padding stays zeros, masked like any padding)."""
+        for i, p in enumerate(prompts):
+            if not p:
+                continue
+            own = new_cache(self.model, layout=None)
+            self.calls += 1
+            self.model.base_model(input_ids=torch.as_tensor([list(p)], dtype=torch.long, device=self.device),
+                                  position_ids=torch.arange(len(p), device=self.device)[None],
+                                  past_key_values=own, use_cache=True)
+            for layer, row in zip(self.cache.layers, own.layers):
+                if not layer.is_initialized:
+                    layer.allocate(len(prompts), row.keys, row.values, width)
+                layer.keys[i, :, width - len(p):] = row.keys[0]
+                layer.values[i, :, width - len(p):] = row.values[0]
 
     def verify(self, trees: Sequence[TokenTree], hidden: bool = False) -> torch.Tensor:
         """ONE forward over every row's tree (root included), each node at its row's position plus

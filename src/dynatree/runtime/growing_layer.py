@@ -70,6 +70,17 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = self._kbuf[:, :, :end], self._vbuf[:, :, :end]
         return self.keys, self.values
 
+    def allocate(self, batch: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Start as ``batch`` rows of ``length`` zero columns, heads and head size as ``keys`` /
+        ``values`` (``[_, heads, _, head_dim]``), to be written row by row in place (a batch's
+        prompts prefilled one at a time: :meth:`dynatree.runtime.batch_cache.BatchedKV.prefill`)."""
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        size = length + max(MIN_SPARE, length // SPARE_FRACTION)
+        self._kbuf = keys.new_zeros(batch, keys.shape[1], size, keys.shape[3])
+        self._vbuf = values.new_zeros(batch, values.shape[1], size, values.shape[3])
+        self.keys, self.values = self._kbuf[:, :, :length], self._vbuf[:, :, :length]
+
     @staticmethod
     def _grown(old: torch.Tensor, n: int, new: torch.Tensor, end: int) -> torch.Tensor:
         """A buffer for ``end`` columns plus spare ones, its first ``n`` holding ``old``'s."""
