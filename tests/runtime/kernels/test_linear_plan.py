@@ -185,8 +185,9 @@ def test_calls_the_plan_leaves_on_f_linear_run_without_the_mode(monkeypatch: pyt
 
 
 def test_a_one_row_call_that_sees_everything_passes_no_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Like HF's own generate: no additive mask for an autoregressive step (same softmax, faster
-    kernel); a row that must not see some cached rows still gets its mask."""
+    """Like HF's own generate: no additive mask for an autoregressive step or a causal chain after
+    the cache (a prefill; HF's causal mask, a faster kernel); a row that must not see some cached
+    rows, or a tree whose branches must not see each other, still gets its mask."""
     from dynatree.runtime.cache import CachedModel
 
     model = tiny_model("llama", 0)
@@ -203,4 +204,8 @@ def test_a_one_row_call_that_sees_everything_passes_no_mask(monkeypatch: pytest.
         kv.prefill([3, 4, 5])
         kv.forward([6], torch.tensor([3]), torch.ones(1, 1, dtype=torch.bool), 3)
         kv.forward([7], torch.tensor([4]), torch.tensor([[False, True]]), 3)  # does not see row 3
-    assert masks[0] is not None and masks[1] is None and masks[2] is not None
+        chain = torch.ones(2, 2, dtype=torch.bool).tril()
+        kv.forward([8, 9], torch.tensor([5, 6]), chain, 5)
+        kv.forward([8, 9], torch.tensor([7, 7]), torch.eye(2, dtype=torch.bool), 7)  # two siblings
+    assert masks[0] is None and masks[1] is None and masks[2] is not None
+    assert masks[3] is None and masks[4] is not None
