@@ -118,9 +118,14 @@ def open_row_proposers(draft: Any, proposer_cls: type[Proposer] | None, context:
     ]
 
 
+def device_key(table: dict[str, Any], device: torch.device) -> str:
+    """The key of ``table`` that ``device`` reads: its type, or ``"cpu"`` for a type without its own."""
+    return device.type if device.type in table else "cpu"
+
+
 def per_device(table: dict[str, Any], device: torch.device) -> Any:
     """``table``'s entry for ``device``'s type; a device type without its own takes the CPU's."""
-    return table.get(device.type, table["cpu"])
+    return table[device_key(table, device)]
 
 
 def share_cost(device: torch.device, rows: int, measured: CostProfile | None = None) -> tuple[CostProfile, int]:
@@ -137,8 +142,7 @@ def share_cost(device: torch.device, rows: int, measured: CostProfile | None = N
         tables = per_device(BATCH_SHARE_COST, device)
         size = min((b for b in tables if b >= rows), default=max(tables))
         shares, cost = tables[size]
-        kind = device.type if device.type in BATCH_SHARE_COST else "cpu"
-        source = f"tuning.BATCH_SHARE_COST[{kind!r}][{size}]"
+        source = f"tuning.BATCH_SHARE_COST[{device_key(BATCH_SHARE_COST, device)!r}][{size}]"
     return (CostProfile(tuple(rows * m for m in shares), cost, meta={"source": source, "shares": list(shares),
                                                                      "cost": [round(c / cost[0], 3) for c in cost]}),
             per_device(BATCH_MAX_ROWS, device))

@@ -28,7 +28,7 @@ import torch
 
 from dynatree.core.tree import TokenTree, ancestor_matrix
 from dynatree.errors import DynaTreeError
-from dynatree.runtime.cache import new_cache, plain_head
+from dynatree.runtime.cache import CachedModel, new_cache, plain_head
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
 from dynatree.runtime.window import attention_layout
 from dynatree.tuning import BATCH_PREFILL_ROW_LENGTH, BATCH_PREFILL_ROW_PADDING
@@ -112,12 +112,10 @@ class BatchedKV:
         for i, p in enumerate(prompts):
             if not p:
                 continue
-            own = new_cache(self.model, layout=None)
-            self.calls += 1
-            self.model.base_model(input_ids=torch.as_tensor([list(p)], dtype=torch.long, device=self.device),
-                                  position_ids=torch.arange(len(p), device=self.device)[None],
-                                  past_key_values=own, use_cache=True)
-            for layer, row in zip(self.cache.layers, own.layers):
+            own = CachedModel(self.model, self.vocab_size)  # (a single prompt's prefill: causal, no mask)
+            own.prefill(p, hidden=True)  # (hidden: no LM head)
+            self.calls += own.calls
+            for layer, row in zip(self.cache.layers, own.cache.layers):
                 if not layer.is_initialized:
                     layer.allocate(len(prompts), row.keys, row.values, width)
                 layer.keys[i, :, width - len(p):] = row.keys[0]
