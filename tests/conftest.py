@@ -16,6 +16,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # says; tests/core/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
 os.environ["DYNATREE_COST_MODEL"] = "off"
 
+# A greedy batch times its verify cost per tree share on the machine at first use: the suite reads
+# the tuning table instead, so that no batch test's trees depend on the clock; tests/loop/test_batch.py
+# drives the measured path with fake timings.
+os.environ["DYNATREE_BATCH_SHARES"] = "table"
+
 # The back-off to plain decoding (dynatree.loop.backoff) decides from the clock: off for the suite,
 # so that no test's rounds depend on timing; tests/loop/test_backoff.py passes its own controllers.
 os.environ["DYNATREE_BACKOFF"] = "off"

@@ -35,7 +35,10 @@ BATCH_MIN_SHARE = 3
 #: do not depend on its neighbours. A greedy batch chooses its share every round from the cost
 #: curve below and the rows' own trees: ``core.costmodel.choose_share``.)
 #: A greedy batch's verify cost by its share (rows per batch row, root included), relative to
-#: a plain step of the same batch: per device type, per batch size ``B``, ``(shares, relative
+#: a plain step of the same batch. Read only under ``DYNATREE_BATCH_SHARES=table``: by default a
+#: batch times its shares on the machine it runs on (``loop.batch.measured_shares``), since they
+#: differ by CPU (a share of 2 at B = 2: 0.94 plain steps on a 2-core AMD EPYC, Zen 4, 1.31 on the
+#: Intel Xeon below). Per device type, per batch size ``B``, ``(shares, relative
 #: costs)``, interpolated linearly and extended past the last share by the last segment's slope.
 #: A batch of ``rows`` takes the table of the smallest tabulated ``B >= rows`` (the largest past
 #: the last): a wider batch's shares cost relatively more, so this errs toward plain steps.

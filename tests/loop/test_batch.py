@@ -695,6 +695,40 @@ def test_a_batch_pauses_drafting_whose_trees_are_all_cut(material: float, monkey
         assert len(calls) >= 4 * (rounds - 2), (len(calls), rounds)  # (every round but the back-off's probe)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_batch_runs_the_few_row_kernels_and_equals_hf_batched_greedy(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the few-row linear kernels on (``cpu_linear=True``, the layout a measured plan picks on
+    an AMD EPYC), the target's batched verify calls and its LM head run them, by the call's total
+    rows (batch rows x share), and every row still equals HF's batched greedy. (A batch that ran
+    F.linear while the single-prompt path ran the plan made a B = 2 step on the EPYC cost 94 ms
+    against 57 ms.)"""
+    import dynatree.runtime.kernels.cpu_linear as cpu_linear
+    from dynatree.options import fixed_plan
+
+    target = models(arch)["target"]
+    head = target.get_output_embeddings().weight
+    body = {id(p) for p in target.parameters()} - {id(head)}
+    linear_body = any(isinstance(m, torch.nn.Linear) and id(m.weight) in body for m in target.modules())
+    calls: list[tuple[str, int]] = []
+    real = cpu_linear.small_batch_linear
+
+    def counted(x, weight, bias=None, packed=False):
+        kind = "head" if weight is head else "body" if id(weight) in body else "draft"
+        calls.append((kind, x.numel() // x.shape[-1]))
+        return real(x, weight, bias, packed=packed)
+
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", counted)
+    for strategy, draft in (("autoregressive", "text"), ("dynatree", "perturbed")):
+        calls.clear()
+        out = run_batch(arch, strategy, draft, LENGTHS, 0, N, options=EngineOptions(cpu_linear=True))
+        assert torch.equal(out.sequences, hf_batch(arch, LENGTHS, 0, N)), strategy
+        # (every verify call within the plan's rows; GPT-2's layers are Conv1D, no F.linear)
+        verified = {r.verified_rows for r in out.stats.rounds if r.verified_rows <= fixed_plan().max_rows}
+        if linear_body:
+            assert verified and verified <= {rows for kind, rows in calls if kind == "body"}, (strategy, verified)
+        assert sum(kind == "head" for kind, _ in calls) >= out.stats.num_rounds, strategy  # (every round's head)
+
+
 def test_measure_shares_times_each_share_on_a_batched_cache() -> None:
     """The batch's verify + commit per share, timed by the clock it is given (here: one ms per
     verified row per batch row), interleaved after one warm-up each; the median by share."""
@@ -714,12 +748,13 @@ def test_measure_shares_times_each_share_on_a_batched_cache() -> None:
 
 
 def test_a_batch_reads_this_machines_measured_share_costs(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """With the cost model on, a greedy batch times its shares once (cached on disk) and cuts its
-    trees by them: a second row per row free, a fourth costly, so trees of at most 2 rows each;
-    the next run reads the file. Off, it reads the tuning table. Every run exact."""
+    """By default (``DYNATREE_BATCH_SHARES=measure``) a greedy batch times its shares once (cached
+    on disk) and cuts its trees by them: a second row per row free, a fourth costly, so trees of
+    at most 2 rows each; the next run reads the file. Pinned to ``table``, it reads the tuning
+    table; a batch that never drafts measures nothing. Every run exact."""
 
     monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path))
-    monkeypatch.setenv(costmodel.ENV_SWITCH, "on")
+    monkeypatch.delenv(costmodel.BATCH_ENV_SWITCH)  # (the suite pins the table: the default here)
     measured = []
 
     def fake(kv, rows, shares, lazy_head, reps=3, clock=None):
@@ -734,6 +769,11 @@ def test_a_batch_reads_this_machines_measured_share_costs(monkeypatch: pytest.Mo
         assert max(drafted(out)) == 1 and all(r.verified_rows <= 8 for r in out.stats.rounds)
     assert measured == [(4, (1, 2, 4, 8, 16, 32))]  # (once: the second run read the cache)
     assert mismatches("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16) == []
-    monkeypatch.setenv(costmodel.ENV_SWITCH, "off")
+    run_batch("llama", "autoregressive", "text", (4, 9, 1, 6, 2), 3, 16)
+    assert measured == [(4, (1, 2, 4, 8, 16, 32))]  # (a batch of 5 that never drafts: nothing timed)
+    monkeypatch.setenv(costmodel.BATCH_ENV_SWITCH, "table")
     off = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
     assert off.stats.share_costs["source"].startswith("tuning.BATCH_SHARE_COST") and max(drafted(off)) > 1
+    monkeypatch.setenv(costmodel.BATCH_ENV_SWITCH, "sometimes")
+    with pytest.raises(DynaTreeError, match="DYNATREE_BATCH_SHARES must be 'measure' or 'table'"):
+        run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)

@@ -41,6 +41,9 @@ from dynatree.errors import DynaTreeError
 
 ENV_DIR = "DYNATREE_CACHE_DIR"
 ENV_SWITCH = "DYNATREE_COST_MODEL"
+#: A greedy batch's share costs: ``measure`` (default: timed on this machine at first use, cached)
+#: or ``table`` (``tuning.BATCH_SHARE_COST``, one machine's measurement)
+BATCH_ENV_SWITCH = "DYNATREE_BATCH_SHARES"
 FORMAT = 1
 CONTEXT = 64  # cached tokens the profile's verify calls attend to (a short prompt)
 BATCH_CONTEXT = 128  # cached tokens per row before a batch's timed verify calls
@@ -231,6 +234,19 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "off").strip().lower() in ("on", "1", "true", "yes")
 
 
+def batch_shares_measured() -> bool:
+    """Whether a greedy batch times its share costs on this machine (the default) rather than read
+    ``tuning.BATCH_SHARE_COST``: the table's machine says little about another's. On a 2-core AMD
+    EPYC (Zen 4), SmolLM2-135M, 400-token contexts, a share of 2 cost 0.94 / 1.12 / 1.22 / 1.37
+    plain steps at B = 2 / 4 / 8 / 16 where the table (a 2-core Intel Xeon) says 1.31 / 1.22 /
+    1.09 / 1.17. ``DYNATREE_BATCH_SHARES=table`` pins the table (the test suite does: no test's
+    trees may depend on the clock)."""
+    value = os.environ.get(BATCH_ENV_SWITCH, "measure").strip().lower()
+    if value not in ("measure", "table"):
+        raise DynaTreeError(f"{BATCH_ENV_SWITCH} must be 'measure' or 'table', got {value!r}")
+    return value == "measure"
+
+
 def model_identity(model: torch.nn.Module) -> dict[str, Any]:
     """What distinguishes one model's cost from another's: name, class, size, a weight fingerprint."""
     params = list(model.parameters())
@@ -360,7 +376,7 @@ def measure_shares(kv: Any, rows: int, shares: Sequence[int], lazy_head: bool, r
     def once(m: int) -> float:
         t0 = tick()
         if lazy_head:
-            batch_lazy_logits(kv.verify(trees[m], hidden=True), trees[m], kv.head, kv.vocab_size)
+            batch_lazy_logits(kv.verify(trees[m], hidden=True), trees[m], kv.apply_head, kv.vocab_size)
         else:
             kv.verify(trees[m])
         kv.commit([[0]] * rows)  # (each row keeps its root: the context grows by one token a call)
@@ -377,15 +393,24 @@ def measure_shares(kv: Any, rows: int, shares: Sequence[int], lazy_head: bool, r
 
 
 def share_profile_for(new_kv: Callable[[], Any], model: torch.nn.Module, rows: int, shares: Sequence[int],
-                      lazy_head: bool) -> CostProfile | None:
+                      lazy_head: bool, linear_plan: Any = None,
+                      log: Callable[[str], None] | None = None) -> CostProfile | None:
     """The cached cost of each share for a batch of ``rows`` rows of this (model, device, dtype,
-    threads), or a fresh measurement on ``new_kv()`` (:func:`measure_shares`, saved for next
-    time); None while profiling is switched off (the loop then reads ``tuning.BATCH_SHARE_COST``)."""
-    if not enabled():
+    threads, few-row linear kernels ``linear_plan``), or a fresh measurement on ``new_kv()``
+    (:func:`measure_shares`, saved for next time); None while profiling is switched off (the loop
+    then reads ``tuning.BATCH_SHARE_COST``)."""
+    if not batch_shares_measured():
         return None
     key = profile_key(model, "batch", False, {"rows": rows, "shares": list(shares), "lazy_head": lazy_head,
-                                               "context": BATCH_CONTEXT})
-    return cached(key, lambda: measure_shares(new_kv(), rows, shares, lazy_head))
+                                               "context": BATCH_CONTEXT, "cpu_linear": linear_plan})
+
+    def fresh() -> CostProfile:
+        if log is not None:
+            log(f"dynatree: timing a batch of {rows}'s verify cost per tree share on this machine "
+                "(once for this model, batch size and machine)...")
+        return measure_shares(new_kv(), rows, shares, lazy_head)
+
+    return cached(key, fresh)
 
 
 def cached(key: dict[str, Any], fresh: Callable[[], CostProfile]) -> CostProfile:

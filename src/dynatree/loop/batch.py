@@ -20,8 +20,9 @@ with these differences:
   (:func:`~dynatree.core.costmodel.choose_share`): the one that maximises the batch's expected
   committed tokens (each row's drafted nodes' path probabilities, calibrated by what that row's
   trees have had accepted, and weighted by the row's chance of finishing last: a batch lasts as
-  long as its slowest row, :func:`row_weights`) per unit of verify cost, the device's measured
-  cost of each share at this batch size (:data:`dynatree.tuning.BATCH_SHARE_COST`), and every
+  long as its slowest row, :func:`row_weights`) per unit of verify cost, the cost of each share at
+  this batch size timed on this machine at first use (:func:`measured_shares`; or
+  :data:`dynatree.tuning.BATCH_SHARE_COST` under ``DYNATREE_BATCH_SHARES=table``), and every
   tree is cut to it. The wider the batch, the more each extra row per row costs, down to plain
   batched decoding where no tree pays; with the back-off on, a round whose drafting cost was
   material and whose every tree was cut to its root pauses the batch's drafting
@@ -59,6 +60,7 @@ from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
+from dynatree.runtime.engines import notice
 from dynatree.tuning import (BATCH_LAST_SPREAD, BATCH_MAX_ROWS, BATCH_MIN_SHARE, BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX,
                              BATCH_PRIOR_EXPECTED, BATCH_ROW_COST, BATCH_SHARE_COST, BATCH_TREE_ROWS,
                              TEXT_CALIBRATION_DECAY)
@@ -153,13 +155,14 @@ def measured_shares(target: BatchedKV, rows: int, lazy_head: bool) -> CostProfil
     ``BATCH_MAX_ROWS`` leaves each of ``rows`` rows) for a batch of ``rows`` rows of this target,
     timed once on a fresh batched cache and cached on disk with the single-prompt cost profiles
     (:func:`~dynatree.core.costmodel.share_profile_for`: a few seconds, once per model, machine and
-    batch size). Opt-in with them (``DYNATREE_COST_MODEL=on``); None while off, and where a batch
-    this wide has no second share."""
+    batch size). None under ``DYNATREE_BATCH_SHARES=table`` (the loop then reads
+    ``tuning.BATCH_SHARE_COST``), and where a batch this wide has no second share."""
     top = per_device(BATCH_MAX_ROWS, target.device) // rows
     shares = tuple(m for m in (1, 2, 4, 8, 16, 32) if m <= top)
     if len(shares) < 2:
         return None
-    return share_profile_for(lambda: type(target)(target.model, target.vocab_size), target.model, rows, shares, lazy_head)
+    return share_profile_for(lambda: type(target)(target.model, target.vocab_size, target.linear_plan or False),
+                             target.model, rows, shares, lazy_head, target.linear_plan, log=notice)
 
 
 def node_gains(builder: TreeBuilder, rate: float) -> list[float]:
@@ -266,6 +269,9 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
     rows = [_Row(p, prop, rng, GenerationStats(strategy=run.strategy, prompt_tokens=len(p)), root=p[-1])
             for p, prop, rng in zip(prompts, proposers, rngs)]
     stats = BatchStats([r.stats for r in rows])
+    # (timed before the clock starts: the first batch of its size on a machine measures its shares)
+    drafts = any(p is not None for p in proposers)
+    measured = measured_shares(target, len(rows), run.lazy_head) if run.sampling.greedy and drafts else None
     start = clock()
 
     # 0. Prefill: every row's prompt but its last token (the first root), left-padded.
@@ -278,7 +284,6 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         r.stats.t_prefill = stats.t_prefill
 
     active = list(range(len(rows)))
-    measured = measured_shares(target, len(rows), run.lazy_head) if run.sampling.greedy else None
     pause = CutPause(BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX) if run.backoff is not None else None
     while active:
         t0 = clock()
@@ -330,7 +335,7 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         t1 = clock()
         # 2. Verify: ONE target forward over every running row's tree.
         if run.lazy_head:  # (the head on the rows acceptance reads, in one call for the batch)
-            logits = batch_lazy_logits(target.verify(trees, hidden=True), trees, target.head, target.vocab_size)
+            logits = batch_lazy_logits(target.verify(trees, hidden=True), trees, target.apply_head, target.vocab_size)
         else:
             logits = [x[: t.size] for x, t in zip(target.verify(trees), trees)]
         t2 = clock()

@@ -103,6 +103,30 @@ def plain_head(model: torch.nn.Module) -> bool:
         and isinstance(model.get_output_embeddings(), torch.nn.Linear)
 
 
+# ------------------------------------------------------------------ the few-row linear kernels
+def few_row_plan(model: torch.nn.Module, device: torch.device, cpu_linear: bool | LinearPlan) -> LinearPlan | None:
+    """The few-row linear kernels (kernels/linear_plan.py) a model+cache on ``device`` runs by row
+    count: ``cpu_linear`` resolved (True: the layout tuned on the EPYC; False: none), never off
+    the CPU or on sharded weights, packed weights only where a second copy of them is affordable."""
+    plan = fixed_plan() if cpu_linear is True else (cpu_linear or None)
+    if plan is not None and not (plan.active and device.type == "cpu" and distributed.layout_allowed(model)):
+        return None
+    # (asked only of a plan that packs: the answer walks every parameter, ~0.7 ms on SmolLM2-135M)
+    if plan is not None and any(k == "packed" for _, k in plan.bands) and not packing_applies(model):
+        plan = plan.without_packing()
+    return plan
+
+
+def few_row_layout(plan: LinearPlan | None, rows: int | None = None) -> contextlib.AbstractContextManager:
+    """The few-row kernels for a call of ``rows`` rows (None: any). A call whose row count the
+    plan leaves on ``F.linear`` runs without the mode: a TorchFunctionMode sees every torch call
+    of the forward, and its Python dispatch cost ~0.3x a one-row step of SmolLM2-135M on an
+    Intel Sapphire Rapids, where the plan keeps one-row calls on ``F.linear``."""
+    if plan is None or (rows is not None and plan.kernel(rows) == "linear"):
+        return contextlib.nullcontext()
+    return SmallBatchLinear(plan=plan)
+
+
 # ------------------------------------------------------------------------- model + its cache
 class CachedModel:
     """A causal LM together with its KV cache: the one place that calls the model while decoding.
@@ -126,28 +150,12 @@ class CachedModel:
         self.cache = new_cache(model, layout=self.layout)
         self.calls = 0
         self.pos = torch.zeros(0, dtype=torch.long)
-        # kernels/linear_plan.py: the few-row linear kernels by row count on CPU (True: the layout
-        # tuned on the EPYC); never on sharded weights; packed weights only where a second copy of
-        # them is affordable
-        plan = fixed_plan() if cpu_linear is True else (cpu_linear or None)
-        if plan is not None and not (plan.active and self.device.type == "cpu" and distributed.layout_allowed(model)):
-            plan = None
-        # (asked only of a plan that packs: the answer walks every parameter, ~0.7 ms on SmolLM2-135M)
-        if plan is not None and any(k == "packed" for _, k in plan.bands) and not packing_applies(model):
-            plan = plan.without_packing()
-        self.linear_plan: LinearPlan | None = plan
+        plan = self.linear_plan = few_row_plan(model, self.device, cpu_linear)
         self.cpu_linear = plan is not None
         self.packed_linear = plan is not None and any(k == "packed" for _, k in plan.bands)
 
     def _layout(self, rows: int | None = None) -> contextlib.AbstractContextManager:
-        """The few-row kernels for a call of ``rows`` rows (None: any). A call whose row count the
-        plan leaves on ``F.linear`` runs without the mode: a TorchFunctionMode sees every torch call
-        of the forward, and its Python dispatch cost ~0.3x a one-row step of SmolLM2-135M on an
-        Intel Sapphire Rapids, where the plan keeps one-row calls on ``F.linear``."""
-        plan = self.linear_plan
-        if plan is None or (rows is not None and plan.kernel(rows) == "linear"):
-            return contextlib.nullcontext()
-        return SmallBatchLinear(plan=plan)
+        return few_row_layout(self.linear_plan, rows)
 
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states (what :class:`~dynatree.core.verify.LazyLogits` calls)."""
