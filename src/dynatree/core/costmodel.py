@@ -397,8 +397,8 @@ def share_profile_for(new_kv: Callable[[], Any], model: torch.nn.Module, rows: i
                       log: Callable[[str], None] | None = None) -> CostProfile | None:
     """The cached cost of each share for a batch of ``rows`` rows of this (model, device, dtype,
     threads, few-row linear kernels ``linear_plan``), or a fresh measurement on ``new_kv()``
-    (:func:`measure_shares`, saved for next time); None while profiling is switched off (the loop
-    then reads ``tuning.BATCH_SHARE_COST``)."""
+    (:func:`measure_shares`, saved for next time); None under ``DYNATREE_BATCH_SHARES=table``
+    (the loop then reads ``tuning.BATCH_SHARE_COST``)."""
     if not batch_shares_measured():
         return None
     key = profile_key(model, "batch", False, {"rows": rows, "shares": list(shares), "lazy_head": lazy_head,

@@ -441,7 +441,8 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
     options = resolve_options(options, target)
     vocab = vocab_size(target)
     with torch.inference_mode(), eval_mode(models):
-        target_kv = BatchedKV(target, vocab, options.cache_options(next(target.parameters()).device.type).linear_plan or False)
+        plan = options.cache_options(next(target.parameters()).device.type).linear_plan  # (as a single prompt's)
+        target_kv = BatchedKV(target, vocab, plan or False)
         # The batch's whole setup in one frozen context (each row's proposer gets a copy with its
         # own policy and sampler: batch.open_row_proposers).
         context = RunContext(
