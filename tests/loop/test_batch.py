@@ -699,9 +699,9 @@ def test_a_batch_pauses_drafting_whose_trees_are_all_cut(material: float, monkey
 def test_a_batch_runs_the_few_row_kernels_and_equals_hf_batched_greedy(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the few-row linear kernels on (``cpu_linear=True``, the layout a measured plan picks on
     an AMD EPYC), the target's batched verify calls and its LM head run them, by the call's total
-    rows (batch rows x share), and every row still equals HF's batched greedy. (A batch that ran
-    F.linear while the single-prompt path ran the plan made a B = 2 step on the EPYC cost 94 ms
-    against 57 ms.)"""
+    rows (batch rows x share), and every row of every strategy still equals HF's batched greedy.
+    (A batch that ran F.linear while the single-prompt path ran the plan made a B = 2 step on the
+    EPYC cost 94 ms against 57 ms.)"""
     import dynatree.runtime.kernels.cpu_linear as cpu_linear
     from dynatree.options import fixed_plan
 
@@ -718,10 +718,12 @@ def test_a_batch_runs_the_few_row_kernels_and_equals_hf_batched_greedy(arch: str
         return real(x, weight, bias, packed=packed)
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", counted)
-    for strategy, draft in (("autoregressive", "text"), ("dynatree", "perturbed")):
+    ref = hf_batch(arch, LENGTHS, 0, N)
+    for strategy in sorted(STRATEGIES):
+        draft = "text" if strategy == "autoregressive" else "perturbed"
         calls.clear()
         out = run_batch(arch, strategy, draft, LENGTHS, 0, N, options=EngineOptions(cpu_linear=True))
-        assert torch.equal(out.sequences, hf_batch(arch, LENGTHS, 0, N)), strategy
+        assert torch.equal(out.sequences, ref), strategy
         # (every verify call within the plan's rows; GPT-2's layers are Conv1D, no F.linear)
         verified = {r.verified_rows for r in out.stats.rounds if r.verified_rows <= fixed_plan().max_rows}
         if linear_body:
