@@ -47,10 +47,9 @@ def main() -> None:
     messages = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
 
-    shapes = linear_plan.weight_shapes(target)
     kernels = ("linear", "rowmajor", "packed") if linear_plan.packing_applies(target) else ("linear", "rowmajor")
     t0 = time.perf_counter()
-    timings = linear_plan.measure(shapes, kernels)
+    timings = linear_plan.measure(linear_plan.linear_weights(target, linear_plan.MEASURE_BYTES), kernels)
     measure_s = time.perf_counter() - t0
     measured = linear_plan.choose(timings, why="measured by this script")
     default_plan = linear_plan.plan_for(target)  # what a default run uses (cached per machine)

@@ -81,7 +81,7 @@ def measuring(tmp_path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(linear_plan, "_DECIDED", type(linear_plan._DECIDED)())
     calls: list[int] = []
 
-    def fake_measure(shapes, kernels, rows=linear_plan.PROBE_ROWS, dtype=None, reps=5, clock=None):
+    def fake_measure(weights, kernels, rows=linear_plan.PROBE_ROWS, reps=3, clock=None):
         calls.append(1)
         return {r: {k: v for k, v in INTEL[r].items() if k in kernels} for r in ROWS}
 
@@ -115,6 +115,65 @@ def test_switches_pin_the_plan(measuring, monkeypatch) -> None:
     monkeypatch.setenv(linear_plan.ENV_SWITCH, "fixed")
     assert linear_plan.plan_for(model) == fixed_plan()
     assert measuring == []
+
+
+def test_measure_passes_over_the_models_own_weights_in_forward_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each timed pass calls its kernel on every linear weight of the model, the tensors
+    themselves, in module order (a step reads them so: from memory, each once); a measurement that
+    reused one weight per shape (cached: it chose F.linear for one row on the AMD EPYC, where a
+    real step ran 2.2x slower on it) would fail here."""
+    model = tiny_model("llama", 0, layers=3)
+    weights = linear_plan.linear_weights(model)
+    expected = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(weights) == len(expected) and all(a is b for a, b in zip(weights, expected))
+    calls: list[tuple[str, int, int]] = []
+
+    def spy_linear(x, w, b=None):
+        calls.append(("linear", x.shape[0], id(w)))
+        return x @ w.t()
+
+    def spy_layout(x, w, b=None, packed=False):
+        calls.append(("packed" if packed else "rowmajor", x.shape[0], id(w)))
+        return x @ w.t()
+
+    monkeypatch.setattr(torch.nn.functional, "linear", spy_linear)
+    monkeypatch.setattr(linear_plan, "small_batch_linear", spy_layout)
+    ticks = iter(range(10**6))
+    out = linear_plan.measure(weights, ("linear", "rowmajor", "packed"), rows=(1, 4), reps=3,
+                              clock=lambda: float(next(ticks)))
+    assert set(out) == {1, 4} and all(set(v) == {"linear", "rowmajor", "packed"} for v in out.values())
+    ids = [id(w) for w in weights]
+    passes = [calls[i: i + len(ids)] for i in range(0, len(calls), len(ids))]
+    assert len(passes) == 2 * 3 * (3 + 1)  # rows x kernels x (reps + the untimed first pass)
+    for p in passes:
+        assert [c[2] for c in p] == ids and len({(c[0], c[1]) for c in p}) == 1
+    assert out[4]["packed"] == 1.0  # (the fake clock ticks once per pass start and end)
+
+
+def test_a_big_model_is_measured_over_its_first_weights() -> None:
+    model = tiny_model("llama", 0, layers=3)
+    weights = linear_plan.linear_weights(model)
+    some = linear_plan.linear_weights(model, max_bytes=sum(w.nbytes for w in weights[:5]))
+    assert len(some) == 5 and all(a is b for a, b in zip(some, weights))
+    assert len(linear_plan.linear_weights(model, max_bytes=1)) == 1  # (at least one)
+
+
+def test_packed_copies_the_plan_does_not_read_are_dropped(measuring, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A measurement packs every weight; a plan without packed kernels frees those copies (they
+    double an fp32 model's weight memory), a plan with them keeps them for its calls."""
+    model = tiny_model("llama", 0)
+    weights = linear_plan.linear_weights(model)
+    for w in weights:
+        cpu_linear.packed_weight(w)
+    monkeypatch.setattr(linear_plan, "packing_applies", lambda m: True)
+    assert linear_plan.plan_for(model).kernel(64) == "packed"  # (INTEL's timings: packed from 24 rows)
+    assert all(hasattr(w, cpu_linear._PACKED_ATTR) for w in weights)
+    monkeypatch.setattr(linear_plan, "_DECIDED", type(linear_plan._DECIDED)())
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # (a new key: measured anew)
+    no_packed = {r: {"linear": 1.0, "rowmajor": 0.5, "packed": 0.7} for r in ROWS}
+    monkeypatch.setattr(linear_plan, "measure", lambda *a, **k: no_packed)
+    assert "packed" not in {k for _, k in linear_plan.plan_for(model).bands}
+    assert not any(hasattr(w, cpu_linear._PACKED_ATTR) for w in weights)
 
 
 def test_resolved_options_carry_the_measured_plan(measuring) -> None:

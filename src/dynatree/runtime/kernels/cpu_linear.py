@@ -36,6 +36,7 @@ layout and ``cpu_linear=False`` is the plain path.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -63,6 +64,13 @@ def packing_applies(model: torch.nn.Module) -> bool:
     return bool(params) and packing_available() and all(p.dtype == torch.float32 for p in params) \
         and not any(p.is_inference() for p in params) \
         and sum(p.numel() * p.element_size() for p in params) <= tuning.CPU_PACKED_MAX_BYTES
+
+
+def drop_packed(weights: Iterable[torch.Tensor]) -> None:
+    """Free the packed copies :func:`packed_weight` left on ``weights`` (remade on next use)."""
+    for w in weights:
+        if hasattr(w, _PACKED_ATTR):
+            delattr(w, _PACKED_ATTR)
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,9 @@ one CPU (a 2-core AMD EPYC, where the one-row ``F.linear`` was slow and ``(W @ x
 2-core Intel Sapphire Rapids the same layout made a one-row step about 2.2x *slower* than
 ``F.linear`` (the row-major layout wins there only from ~16 rows), so autoregressive decoding ran at
 0.42x HF's own ``generate``. Which kernel wins for how many rows is a property of the CPU and its
-BLAS, not of the algorithm: so the choice is measured here, at first use, on the model's own
-weight shapes (about a second), and cached on disk per CPU, library versions, threads, dtype and
-shapes.
+BLAS, not of the algorithm: so the choice is measured here, at first use, by passes over the
+model's own weights as a step reads them (:func:`measure`: a few seconds), and cached on disk per
+CPU, library versions, threads, dtype and shapes.
 
 A :class:`~dynatree.options.LinearPlan` maps row counts to one of three kernels, all of which
 compute the same product up to float summation order (greedy exactness is unaffected and tested
@@ -32,25 +32,30 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dynatree.runtime.kernels.cpu_linear import packing_applies, small_batch_linear
+from dynatree.runtime.kernels.cpu_linear import drop_packed, packing_applies, small_batch_linear
 from dynatree.options import LinearPlan, fixed_plan
 
 #: Row counts timed: the one-row step, small trees, and the widest few-row call (``CPU_LINEAR_MAX_ROWS``).
 PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 ENV_SWITCH = "DYNATREE_LINEAR_PLAN"  # "measure" (default), "fixed" (cpu_linear=True's), "off" (F.linear)
-FORMAT = 1
+FORMAT = 2  # 2: timed over the model's own weights (1: one cached weight per shape)
 #: A kernel other than ``F.linear`` is chosen for a row count only below this share of its time,
 #: so noise in a short measurement cannot pick a kernel that is in truth no faster.
 MARGIN = 0.9
+#: The most weight bytes a measurement passes over (a model's first linear weights in forward
+#: order, :func:`linear_weights`): far past any CPU's cache, so each pass reads memory as a step
+#: does, while a big model's measurement stays a few seconds.
+MEASURE_BYTES = 1024**3
 
 
 def choose(timings: Mapping[int, Mapping[str, float]], margin: float = MARGIN, why: str = "measured") -> LinearPlan:
@@ -73,36 +78,65 @@ def weight_shapes(model: torch.nn.Module) -> Counter[tuple[int, int]]:
                    if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2)
 
 
-def measure(shapes: Mapping[tuple[int, int], int], kernels: Iterable[str], rows: Iterable[int] = PROBE_ROWS,
-            dtype: torch.dtype | None = None, reps: int = 7,
-            clock: Callable[[], float] = time.perf_counter) -> dict[int, dict[str, float]]:
-    """Seconds per call of every weight of ``shapes`` (weighted by count) per kernel and row count.
+def linear_weights(model: torch.nn.Module, max_bytes: int | None = None) -> list[torch.Tensor]:
+    """``model``'s linear weights in the order a forward reads them (module order), each tensor
+    once (a tied head is its embedding's tensor, read once per step too); with ``max_bytes``, the
+    first of them up to that many bytes (at least one)."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    total = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2 and id(m.weight) not in seen:
+            if max_bytes is not None and out and total + m.weight.nbytes > max_bytes:
+                break
+            seen.add(id(m.weight))
+            out.append(m.weight)
+            total += m.weight.nbytes
+    return out
 
-    Random weights of the model's shapes (not its own: no packed copy is left on them). Each
-    matrix's figure is the minimum over ``reps`` interleaved calls, taken per matrix rather than per
-    pass: one call lasts micro- to milliseconds, so on a busy machine some of them run undisturbed,
-    and the least disturbed call is the one that says what the kernel costs."""
-    dtype = dtype or torch.float32
+
+def measure(weights: Sequence[torch.Tensor], kernels: Iterable[str], rows: Iterable[int] = PROBE_ROWS,
+            reps: int = 3, clock: Callable[[], float] = time.perf_counter) -> dict[int, dict[str, float]]:
+    """Seconds per pass over ``weights`` (a model's linear weights in forward order,
+    :func:`linear_weights`) per kernel and row count: the median of ``reps`` passes, the kernels'
+    passes interleaved, after one untimed pass per kernel (it packs the weights).
+
+    Why whole passes over the model's own weights: a decoding step reads every weight once, from
+    memory, since a model's weights do not fit in the CPU's caches. Timing one weight per shape over
+    and over, as this module first did, keeps that weight in cache and measures the kernels'
+    arithmetic instead. On a 2-core AMD EPYC (Zen 4) the two disagree on the step that matters
+    most: one row through SmolLM2-135M's weights, cached, took 17.6 ms with ``F.linear`` and 16.7
+    with the row-major layout (within the margin: ``F.linear`` kept); passing over the real weights
+    took 45 and 20.5 ms, and autoregressive decoding with the cached-weight plan ran at 1.09x HF's
+    ``generate`` against 1.57x with the row-major layout (2026-11-27).
+
+    Packed copies made here stay on the weights (the plan that uses them reads them next);
+    :func:`plan_for` drops them where the plan takes no packed kernel."""
     kernels = tuple(kernels)
+    inputs: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
     g = torch.Generator().manual_seed(0)
-    out: dict[int, dict[str, float]] = {r: dict.fromkeys(kernels, 0.0) for r in rows}
+
+    def one_pass(kernel: str, n: int) -> float:
+        xs = [inputs.setdefault((n, w.shape[1], w.dtype),
+                                torch.randn(n, w.shape[1], generator=g, dtype=torch.float32).to(w.dtype)) for w in weights]
+        t0 = clock()
+        for x, w in zip(xs, weights):
+            if kernel == "linear":
+                torch.nn.functional.linear(x, w)
+            else:
+                small_batch_linear(x, w, packed=kernel == "packed")
+        return clock() - t0
+
+    out: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
-        for shape, n in shapes.items():
-            w = torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
-            for r in out:
-                x = torch.randn(r, shape[1], generator=g, dtype=torch.float32).to(dtype)
-                best = dict.fromkeys(kernels, float("inf"))
-                for rep in range(reps + 1):  # (call 0 warms up and packs the weight)
-                    for k in kernels:
-                        t0 = clock()
-                        if k == "linear":
-                            torch.nn.functional.linear(x, w)
-                        else:
-                            small_batch_linear(x, w, packed=k == "packed")
-                        if rep:
-                            best[k] = min(best[k], clock() - t0)
+        for n in rows:
+            times: dict[str, list[float]] = {k: [] for k in kernels}
+            for rep in range(reps + 1):
                 for k in kernels:
-                    out[r][k] += n * best[k]
+                    t = one_pass(k, n)
+                    if rep:
+                        times[k].append(t)
+            out[n] = {k: statistics.median(v) for k, v in times.items()}
     return out
 
 
@@ -171,8 +205,11 @@ def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None) -
         if log is not None:
             log("dynatree: timing the few-row linear kernels on this CPU (once per model shape and machine)...")
         kernels = ("linear", "rowmajor", "packed") if packing else ("linear", "rowmajor")
-        plan = choose(measure(shapes, kernels, dtype=dtype), why=f"measured on {key['cpu'] or 'this CPU'}, "
+        weights = linear_weights(model, MEASURE_BYTES)
+        plan = choose(measure(weights, kernels), why=f"measured on {key['cpu'] or 'this CPU'}, "
                       f"{key['threads']} threads")
+        if "packed" not in {k for _, k in plan.bands}:
+            drop_packed(weights)  # (the measurement's copies: no call of this plan reads them)
         try:
             save(key, plan)
         except OSError:
