@@ -177,19 +177,20 @@ TEXT_MODEL_MIN_GAIN = 0.3
 #: measures one, which then wins): per device type, ``(rows, relative cost)``, interpolated
 #: linearly and extended past the last point by the last segment's slope. Relative costs suffice:
 #: with no other round cost counted, the best node count is the same at any scale.
-#: CPU: the 2-core EPYC, 2 threads, eager hf engine with the few-row layout (row-major results)
-#: and the grouped KV cache read in place, the instruct sets' prompts (2026-11-24, quiet
-#: machine): median ``t_verify`` of
-#: the rounds of each tree size over the median one-row round (38.8 ms, 3648 rounds): 2 rows 1.04
-#: (15 rounds), 4 rows 1.22 (1164), 17 rows 2.59 (215); 9 rows from a separate timing of verify
-#: calls by row count (8 rows 1.80, 12 rows 2.53). Measured before verify passes of 4+ rows used packed weights
-#: (``CPU_PACKED_MIN_ROWS``; a 16-row pass fell from 2.45 to 1.78): not yet re-measured. Before those two fixes the same tree sizes cost 1.50 / 1.61 / 2.48 (9
-#: rows) / 2.85: every multi-row call copied the KV cache per query head. CUDA: flat -- on the H200 a
+#: CPU: the 2-core AMD EPYC (Zen 4), 2 threads, eager hf engine, the few-row linear plan measured
+#: over the model's weights (1-2 rows row-major, 3-64 packed), the grouped KV cache read in place,
+#: 600 cached tokens (2026-11-27): the median of 5 interleaved verify calls of chains of each size
+#: (``costmodel.measure``, lazy head) over the one-row call (41 ms): 2 rows 1.06, 4 rows 1.23, 9
+#: rows 1.42, 17 rows 1.79, 32 rows 2.37 (64 cached tokens: 1.02 / 1.14 / 1.32 / 1.59 / 2.13). The
+#: curve before (2026-11-24, before 4+ rows used packed weights) said 9 rows 2.0 and 17 rows 2.59;
+#: on Spec-Bench's first turns (12 prompts, 192 new tokens, default hybrid, interleaved) this one
+#: committed 2.27 tokens per round against 2.15 and ran 1.01x as fast (summarization 0.96x, MT-bench
+#: 1.04x). CUDA: flat -- on the H200 a
 #: hf-engine verify of a Pythia-2.8B-shaped target costs 1.00-1.03x one step from 1 to 32 rows,
 #: so every node of a proposal (path probability >= 0.1) pays
 #: and the full budget stays. Other devices: none, no trim.
 TEXT_COST_CURVE: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
-    "cpu": ((1, 2, 4, 9, 17), (1.0, 1.04, 1.22, 2.0, 2.59)),
+    "cpu": ((1, 2, 4, 9, 17, 32), (1.0, 1.06, 1.23, 1.42, 1.79, 2.37)),
     "cuda": ((1, 2), (1.0, 1.0)),
 }
 #: Memory of the per-step acceptance rate that calibrates the text's path probabilities before the
