@@ -1,0 +1,73 @@
+"""Our side of the OpenVINO comparison: HF greedy ``generate``, our autoregressive decoding and our
+default (draft model + text) on Spec-Bench's first turns (2 questions per task, 12 prompts), each
+prompt to HF greedy's own end (its EOS, or 192 tokens), 2 interleaved passes; writes the prompts and
+HF's outputs for ``openvino_side.py`` (which must reproduce them) and our rates.
+
+    python benchmarks/cpu/openvino/ours.py --dir /tmp/ov   # then openvino_side.py in its own venv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/ov"), help="where the HF folder, prompts and outputs go")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new", type=int, default=192)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+
+    import dynatree
+    from dynatree.bench.specbench_questions import specbench_prompts
+    from dynatree.bench.sysinfo import machine_info
+    from dynatree.loading import models
+
+    target, tok = models.load_model("smollm2-135m")
+    draft = models.resolve_draft("smollm2-135m-distilled", target)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    target.save_pretrained(args.dir / "hf")  # (what optimum-intel exports to OpenVINO's format)
+    tok.save_pretrained(args.dir / "hf")
+    prompts = specbench_prompts("spec-bench", tok, 2, 2048, first_turns=True)
+    dynatree.generate(target, draft, prompts[0][1], max_new_tokens=8)  # (first-use timings, warm-up)
+
+    rates: dict[str, list[float]] = {"hf": [], "ours-autoregressive": [], "ours-default": []}
+    refs: dict[str, list[int]] = {}
+    equal = 0
+    for rep in range(2):
+        for pid, ids in prompts:
+            for name in rates:
+                t0 = time.perf_counter()
+                if name == "hf":
+                    out = target.generate(torch.tensor([ids]), max_new_tokens=args.new, do_sample=False)[0, len(ids):]
+                else:
+                    default = name == "ours-default"
+                    out = dynatree.generate(target, draft if default else None, ids,
+                                            "dynatree" if default else "autoregressive", text=default,
+                                            max_new_tokens=args.new).sequences[0, len(ids):]
+                dt = time.perf_counter() - t0
+                out = out.tolist()
+                rates[name].append(len(out) / dt)
+                if name == "hf":
+                    refs[pid] = out
+                else:
+                    equal += out == refs[pid]
+    (args.dir / "prompts.json").write_text(json.dumps({"prompts": prompts, "refs": refs}))
+    result = {"machine": machine_info(), "threads": args.threads, "prompts": len(prompts), "passes": 2,
+              "tokens_per_second": {k: round(statistics.mean(v), 1) for k, v in rates.items()},
+              "outputs_equal_to_hf": f"{equal} of {2 * 2 * len(prompts)}",
+              "lengths": [len(v) for v in refs.values()]}
+    (args.dir / "ours.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
