@@ -216,6 +216,8 @@ def test_one_run_measures_both_engines_against_both_baselines(llama_pair, prompt
                         ("linear", "hf", False), ("linear", "static", False)]
     rows = load_results(tmp_path / "r.jsonl").rows
     assert [r["engine"]["engine"] for r in rows[:4]] == ["hf", "static", "hf", "static"]
+    from dynatree.options import fixed_plan  # (the plan the suite pins: tests/conftest.py)
+    assert rows[0]["engine"]["linear_plan"] == fixed_plan().describe()  # the CPU choice, kept with the row
     assert [r["reference"] for r in rows[:4]] == [True, False, False, False]
     assert rows[1]["greedy_match"] is True  # the extra baseline is checked against the reference too
     by = {s.label: s for s in summarize(rows)}

@@ -79,7 +79,8 @@ def test_e2e_rows_speedups_and_greedy_match(bench: ModuleType, smoke: tuple[Path
         # Deterministic tiny models, and compiled outputs replayed into reused buffers: an engine that
         # kept a graph output without copying it would diverge here.
         assert r["greedy_match_rate"] == 1.0 and r["token_match_rate"] == 1.0, r["label"]
-    assert summary["ar-compiled"]["engine"] == {"engine": "static", "compile": True, "cpu_linear": False}
+    assert summary["ar-compiled"]["engine"] == {"engine": "static", "compile": True, "cpu_linear": False,
+                                                  "linear_plan": None}
     drafted = {json.loads(line)["label"] for line in (out / "trees.jsonl").read_text().splitlines()}
     assert drafted == {label for label in labels if not label.startswith("ar-") and not label.endswith("-compiled")}
 

@@ -319,8 +319,12 @@ def run_hf_assisted(
 
 
 def _engine_record(options: EngineOptions) -> dict[str, Any]:
-    """How a row was run (from its resolved options): engine, compile and the linear layout used."""
-    return {"engine": options.engine, "compile": options.compile, "cpu_linear": options.cpu_linear}
+    """How a row was run (from its resolved options): engine, compile, whether the few-row linear
+    kernels were on, and their plan by row count with where it came from (measured on this CPU,
+    or pinned): the CPU choices a row's speed depends on, kept with the row."""
+    plan = options.linear_plan if options.cpu_linear else None
+    return {"engine": options.engine, "compile": options.compile, "cpu_linear": options.cpu_linear,
+            "linear_plan": plan.describe() if plan is not None else None}
 
 
 def choices(options: EngineOptions) -> str:
