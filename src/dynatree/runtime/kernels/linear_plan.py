@@ -116,9 +116,14 @@ def measure(weights: Sequence[torch.Tensor], kernels: Iterable[str], rows: Itera
     inputs: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
     g = torch.Generator().manual_seed(0)
 
+    def rows_for(n: int, w: torch.Tensor) -> torch.Tensor:
+        key = (n, w.shape[1], w.dtype)
+        if key not in inputs:
+            inputs[key] = torch.randn(n, w.shape[1], generator=g, dtype=torch.float32).to(w.dtype)
+        return inputs[key]
+
     def one_pass(kernel: str, n: int) -> float:
-        xs = [inputs.setdefault((n, w.shape[1], w.dtype),
-                                torch.randn(n, w.shape[1], generator=g, dtype=torch.float32).to(w.dtype)) for w in weights]
+        xs = [rows_for(n, w) for w in weights]
         t0 = clock()
         for x, w in zip(xs, weights):
             if kernel == "linear":
