@@ -260,6 +260,11 @@ class LinearPlan:
         """The largest row count a kernel other than ``F.linear`` may take."""
         return max((r for r, k in self.bands if k != "linear"), default=0)
 
+    @property
+    def packs(self) -> bool:
+        """Whether any row count takes packed weights (which then need their packed copies)."""
+        return any(k == "packed" for _, k in self.bands)
+
     def without_packing(self) -> LinearPlan:
         """The plan for a model whose weights may not be packed: row-major where it said packed."""
         return LinearPlan(tuple((r, "rowmajor" if k == "packed" else k) for r, k in self.bands), self.why)

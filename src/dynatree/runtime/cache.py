@@ -112,7 +112,7 @@ def few_row_plan(model: torch.nn.Module, device: torch.device, cpu_linear: bool 
     if plan is not None and not (plan.active and device.type == "cpu" and distributed.layout_allowed(model)):
         return None
     # (asked only of a plan that packs: the answer walks every parameter, ~0.7 ms on SmolLM2-135M)
-    if plan is not None and any(k == "packed" for _, k in plan.bands) and not packing_applies(model):
+    if plan is not None and plan.packs and not packing_applies(model):
         plan = plan.without_packing()
     return plan
 
@@ -152,7 +152,7 @@ class CachedModel:
         self.pos = torch.zeros(0, dtype=torch.long)
         plan = self.linear_plan = few_row_plan(model, self.device, cpu_linear)
         self.cpu_linear = plan is not None
-        self.packed_linear = plan is not None and any(k == "packed" for _, k in plan.bands)
+        self.packed_linear = plan is not None and plan.packs
 
     def _layout(self, rows: int | None = None) -> contextlib.AbstractContextManager:
         return few_row_layout(self.linear_plan, rows)

@@ -36,7 +36,7 @@ import statistics
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +72,14 @@ def choose(timings: Mapping[int, Mapping[str, float]], margin: float = MARGIN, w
 
 
 # ----------------------------------------------------------------------------------- measuring
+def _linear_modules_weights(model: torch.nn.Module) -> Iterator[torch.Tensor]:
+    """The weight of every ``nn.Linear`` module of ``model``, in module order (a forward's order)."""
+    return (m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2)
+
+
 def weight_shapes(model: torch.nn.Module) -> Counter[tuple[int, int]]:
     """The shapes of ``model``'s linear weights (``nn.Linear`` modules), with how often each occurs."""
-    return Counter(tuple(m.weight.shape) for m in model.modules()
-                   if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2)
+    return Counter(tuple(w.shape) for w in _linear_modules_weights(model))
 
 
 def linear_weights(model: torch.nn.Module, max_bytes: int | None = None) -> list[torch.Tensor]:
@@ -85,13 +89,14 @@ def linear_weights(model: torch.nn.Module, max_bytes: int | None = None) -> list
     out: list[torch.Tensor] = []
     seen: set[int] = set()
     total = 0
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2 and id(m.weight) not in seen:
-            if max_bytes is not None and out and total + m.weight.nbytes > max_bytes:
-                break
-            seen.add(id(m.weight))
-            out.append(m.weight)
-            total += m.weight.nbytes
+    for w in _linear_modules_weights(model):
+        if id(w) in seen:
+            continue
+        if max_bytes is not None and out and total + w.nbytes > max_bytes:
+            break
+        seen.add(id(w))
+        out.append(w)
+        total += w.nbytes
     return out
 
 
@@ -213,7 +218,7 @@ def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None) -
         weights = linear_weights(model, MEASURE_BYTES)
         plan = choose(measure(weights, kernels), why=f"measured on {key['cpu'] or 'this CPU'}, "
                       f"{key['threads']} threads")
-        if "packed" not in {k for _, k in plan.bands}:
+        if not plan.packs:
             drop_packed(weights)  # (the measurement's copies: no call of this plan reads them)
         try:
             save(key, plan)
