@@ -680,8 +680,8 @@ def test_a_batch_pauses_drafting_whose_trees_are_all_cut(material: float, monkey
     with torch.no_grad():
         flat.lm_head.weight.zero_()
     calls = []
-    begin = ModelProposer.begin_round
-    monkeypatch.setattr(ModelProposer, "begin_round", lambda self, b: calls.append(1) or begin(self, b))
+    begin = ModelProposer._begin  # (a round's first draft steps: the rows' rounds that draft)
+    monkeypatch.setattr(ModelProposer, "_begin", lambda self, b: calls.append(1) or begin(self, b))
     ids, mask = padded(prompts((4, 9, 1, 6), 5))
     out = dynatree.generate(models("llama")["target"], flat, ids, "linear", k=3, max_new_tokens=24,
                             attention_mask=mask, stopping=stopping(), text=False,

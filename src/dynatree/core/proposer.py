@@ -16,15 +16,21 @@ kind it holds.
 
 How a *model* proposer shapes its tree (linear chain, fixed tree, DynaTree, DySpec and its
 threshold variant) is a tree-shaping policy (:mod:`dynatree.policies`) it receives in the context;
-the policy calls back only :meth:`LevelDrafter.forward`, the level-batched draft call.
+the policy yields the levels it wants drafted (:data:`Levels`) and receives their draft logits.
+
+A batch's rows each have their own proposer. So that their draft-model calls run as ONE forward
+per step rather than one per row, a proposer may also grow its tree as a generator,
+:meth:`Proposer.drafting`, that yields each :class:`DraftCall` it waits on and receives its result:
+the batch's loop runs a step's calls of every row together (:func:`run_calls`), a single prompt's
+:meth:`Proposer.propose` runs each as it comes (:func:`run_drafting`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -37,10 +43,81 @@ if TYPE_CHECKING:  # (options imports nothing of the package's core: no cycle)
     from dynatree.options import EngineOptions
 
 
+#: A policy's tree growth (:meth:`dynatree.policies.DraftPolicy.grow`): yields the tree nodes of
+#: each level it wants drafted, receives their draft logits ``[len(nodes), V]``.
+Levels = Generator[list[int], torch.Tensor, None]
+
+
+@dataclass(frozen=True)
+class DraftCall:
+    """One draft-model call a proposer waits on: ``tokens`` at ``positions`` on ``kv``, seeing every
+    cached row before ``since`` and, from there on, the rows marked in ``visible`` (the convention
+    of :meth:`~dynatree.core.kv.KVModel.forward`); its result is their float logits ``[q, V]``
+    (``[1, V]`` with ``last_only``). ``prefill``: the tokens are a prompt cached causally
+    (:meth:`~dynatree.core.kv.KVModel.prefill`), the result the last token's logits ``[V]``.
+
+    A call is data, not an act, so that calls of several rows on one shared batched cache
+    (``kv.shared``: :mod:`dynatree.runtime.batch_draft`) can run as one forward (:func:`run_calls`)."""
+
+    kv: KVModel
+    tokens: Sequence[int]
+    positions: torch.Tensor
+    visible: torch.Tensor
+    since: int
+    last_only: bool = False
+    prefill: bool = False
+
+    def run(self) -> torch.Tensor:
+        """Run this call alone on its cache."""
+        if self.prefill:
+            logits = self.kv.prefill(self.tokens, logits=True)
+            assert logits is not None
+            return logits
+        return self.kv.forward(self.tokens, self.positions, self.visible, self.since, last_only=self.last_only)
+
+
+#: A proposer's tree growth as steps (:meth:`Proposer.drafting`): yields each draft call it waits
+#: on, receives that call's result.
+Drafting = Generator[DraftCall, torch.Tensor, None]
+
+
+def run_calls(calls: Sequence[DraftCall]) -> list[torch.Tensor]:
+    """Each call's result, in order. Calls whose caches share one batched store (``kv.shared``, one
+    per draft model in a batch) run together, in one forward per store where the store finds it
+    pays (``shared.run``); every other call runs alone."""
+    out: list[torch.Tensor | None] = [None] * len(calls)
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i, call in enumerate(calls):
+        shared = getattr(call.kv, "shared", None)
+        if shared is None:
+            out[i] = call.run()
+        else:
+            groups.setdefault(id(shared), (shared, []))[1].append(i)
+    for shared, idx in groups.values():
+        for i, result in zip(idx, shared.run([calls[i] for i in idx])):
+            out[i] = result
+    return out  # type: ignore[return-value]
+
+
+T = TypeVar("T")
+
+
+def run_drafting(steps: Generator[DraftCall, torch.Tensor, T]) -> T:
+    """Drive steps (a proposer's :meth:`Proposer.drafting`) to their end, each call run as it
+    comes; returns what the steps return."""
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(call.run())
+    except StopIteration as stop:
+        return stop.value
+
+
 class LevelDrafter(Protocol):
-    """What a tree-shaping policy calls while it grows a tree: one draft forward over the given
-    tree nodes (all their parents already run), and the run's sampler for policies that *sample*
-    children (DySpec) instead of taking the draft's top tokens."""
+    """What a tree-shaping policy reads of its drafter: the run's sampler for policies that
+    *sample* children (DySpec) instead of taking the draft's top tokens; and, for a policy driven
+    level by level at once (:meth:`dynatree.policies.DraftPolicy.build`), one draft forward over
+    the given tree nodes (all their parents already run)."""
 
     sampler: DraftSampler | None
 
@@ -53,6 +130,8 @@ class TreeShape(Protocol):
     """A tree-shaping policy as a model proposer sees it (:class:`dynatree.policies.DraftPolicy`)."""
 
     name: ClassVar[str]
+
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels: ...
 
     def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None: ...
 
@@ -87,8 +166,9 @@ class RunContext:
     single prompt's generator; a batch's rows carry their own), ``tree_order``, ``lazy_head``,
     ``sync`` (the tensor-parallel rank sync, or None), ``on_round``, ``backoff`` (this call's
     controller, or None), ``shared_random`` (the trees themselves are drawn from the run's random
-    stream: DySpec), and a batch's ``pad_token_id`` and ``tree_rows`` (the verify rows a sampled batch's rows
-    share; a greedy batch chooses its share per round from the cost curve).
+    stream: DySpec), and a batch's ``pad_token_id``, ``tree_rows`` (the verify rows a sampled batch's rows
+    share; a greedy batch chooses its share per round from the cost curve) and ``draft_kv`` (its
+    rows' shared draft caches).
     """
 
     target: torch.nn.Module
@@ -115,6 +195,10 @@ class RunContext:
     shared_random: bool = False
     pad_token_id: int = 0
     tree_rows: int = 0
+    #: a batch's shared draft caches: a model proposer takes its row's draft cache from
+    #: ``draft_kv(draft_model)`` (:class:`~dynatree.runtime.batch_draft.BatchDrafts`) instead of
+    #: opening one of its own, so the rows' draft calls can run as one forward. None: its own.
+    draft_kv: Callable[[torch.nn.Module], KVModel] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +271,14 @@ class Proposer(ABC):
     def propose(self, builder: TreeBuilder) -> None:
         """Grow this round's tree under ``builder``'s root (node 0), within ``builder.cap`` and
         ``builder.deepens``."""
+
+    def drafting(self, builder: TreeBuilder) -> Drafting:
+        """:meth:`propose` as steps: a generator that yields each :class:`DraftCall` it waits on and
+        receives its result, so that a batch runs a step's calls of all its rows in one forward.
+        Default: propose at once, waiting on nothing (a proposer without a draft model, or one
+        whose calls cannot be gathered)."""
+        self.propose(builder)
+        yield from ()
 
     @abstractmethod
     def observe(self, outcome: Outcome) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dynatree.core.proposer import RunContext
+from dynatree.core.proposer import Drafting, Proposer, RunContext
 from dynatree.core.kv import KVModel
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.drafts.feature_head import uses_target_features
@@ -89,6 +89,16 @@ class FeatureProposer(ModelProposer):
             self._call(prompt[:-1], torch.arange(start, start + p), torch.ones(p, p, dtype=torch.bool).tril(), start,
                        parents[:-1])
         self.pending, self.pending_features = [prompt[-1]], parents[-1:]
+
+    def propose(self, builder: TreeBuilder) -> None:
+        if self.policy is None:
+            raise DynaTreeError("this drafter has no tree shape (open it with a policy in its RunContext)")
+        self.policy.build(builder, self, self.begin_round(builder))
+
+    def drafting(self, builder: TreeBuilder) -> Drafting:
+        """Proposes at once: its calls carry the target's features, which a batch's shared draft
+        cache does not take (batches refuse a feature draft)."""
+        return Proposer.drafting(self, builder)
 
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
         self._builder = builder

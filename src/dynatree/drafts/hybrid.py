@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dynatree.core.costmodel import CostProfile, choose_budget
-from dynatree.core.proposer import Outcome, Proposer, RunContext
+from dynatree.core.proposer import Drafting, Outcome, Proposer, RunContext, run_drafting
 from dynatree.core.tree import TreeBuilder, committed_tokens
 from dynatree.drafts.feature import FeatureProposer
 from dynatree.drafts.model import ModelProposer
@@ -73,6 +73,9 @@ class HybridProposer(Proposer):
         self.model.prefill(prompt, features)
 
     def propose(self, builder: TreeBuilder) -> None:
+        run_drafting(self.drafting(builder))
+
+    def drafting(self, builder: TreeBuilder) -> Drafting:
         proposal = self._proposal = self.text.propose(builder.cap(self.config.budget))
         # The raw score decides whether the model sits out, not the calibrated one: on a CPU the
         # cut then turns a confident-looking but refused text into a plain step, where the
@@ -82,7 +85,7 @@ class HybridProposer(Proposer):
         self._called = proposal.score < self.config.confident and self.gate.should_call()
         rate = self.acceptance.rate
         if self._called:  # the text is unsure: the model drafts, the text joins in
-            self.model.propose(builder)
+            yield from self.model.drafting(builder)
             # the engine's largest verify call (the static engine's largest bucket) caps the merge
             if self.cost is not None:
                 proposal = trim_merged(builder, proposal, self.cost, builder.max_rows, rate)

@@ -13,14 +13,14 @@ without rows, plus the bonus token, become the pending tokens run at the start o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import torch
 
 from typing import Any
 
 from dynatree.core.kv import KVModel
-from dynatree.core.proposer import Outcome, Proposer, RunContext, TreeShape
+from dynatree.core.proposer import DraftCall, Drafting, Outcome, Proposer, RunContext, TreeShape, run_drafting
 from dynatree.core.sampling import DraftSampler
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens
 from dynatree.errors import DynaTreeError
@@ -86,9 +86,22 @@ class ModelProposer(Proposer):
 
     # ---------------------------------------------------------------------------- per round
     def propose(self, builder: TreeBuilder) -> None:
+        run_drafting(self.drafting(builder))
+
+    def drafting(self, builder: TreeBuilder) -> Drafting:
+        """The round's draft calls as steps: the pending committed tokens (in the first round that
+        drafts, the prompt before them), then each level the policy grows."""
         if self.policy is None:
             raise DynaTreeError("this drafter has no tree shape (open it with a policy in its RunContext)")
-        self.policy.build(builder, self, self.begin_round(builder))
+        root_logits = yield from self._begin(builder)
+        levels = self.policy.grow(builder, self, root_logits)
+        try:
+            nodes = next(levels)
+            while True:
+                logits = yield from self._level_call(nodes)
+                nodes = levels.send(logits)
+        except StopIteration:
+            return
 
     def observe(self, outcome: Outcome) -> None:
         """Bring the cache in line (:meth:`commit`); the policy learns from a round it drafted
@@ -104,10 +117,17 @@ class ModelProposer(Proposer):
     def begin_round(self, builder: TreeBuilder) -> torch.Tensor:
         """Run the pending committed tokens; returns the draft logits for the root's children ``[V]``
         (after the prefill nothing is pending: the prefill's logits)."""
+        return run_drafting(self._begin(builder))
+
+    def _begin(self, builder: TreeBuilder) -> Generator[DraftCall, torch.Tensor, torch.Tensor]:
+        """:meth:`begin_round` as steps."""
         self._builder = builder
         self._slot = {}
         if self._prompt is not None:  # (the prefill waited for this first drafting round)
-            self._root_logits, self._prompt = self.kv.prefill(self._prompt, logits=True), None
+            start, q = self.kv.length, len(self._prompt)
+            self._root_logits = yield DraftCall(self.kv, self._prompt, torch.arange(start, start + q),
+                                                torch.ones(q, q, dtype=torch.bool).tril(), start, prefill=True)
+            self._prompt = None
         self._calls0 = self.kv.calls
         start = self.kv.length
         if not self.pending and self._root_logits is not None:
@@ -115,7 +135,8 @@ class ModelProposer(Proposer):
             return logits
         p = len(self.pending)
         causal = torch.ones(p, p, dtype=torch.bool).tril()
-        logits = self.kv.forward(self.pending, torch.arange(start, start + p), causal, start, last_only=True)
+        logits = yield DraftCall(self.kv, list(self.pending), torch.arange(start, start + p), causal, start,
+                                 last_only=True)
         self._base = start + p
         return logits[-1]
 
@@ -125,9 +146,13 @@ class ModelProposer(Proposer):
         Every node's parent must already have been forwarded (or be the root): that is what makes
         the node exist in the first place, so level-by-level expansion satisfies it.
         """
+        return run_drafting(self._level_call(nodes))
+
+    def _level_call(self, nodes: Sequence[int]) -> Generator[DraftCall, torch.Tensor, torch.Tensor]:
+        """:meth:`forward` as a step: the nodes' cache rows are theirs once the call has run."""
         nodes = list(nodes)
         first_row = self.kv.length
-        logits = self.kv.forward(*self._level(nodes), self._base)
+        logits = yield DraftCall(self.kv, *self._level(nodes), self._base)
         for r, node in enumerate(nodes):
             self._slot[node] = first_row + r
         return logits
@@ -184,7 +209,10 @@ def shape(context: RunContext) -> tuple[TreeShape | None, DraftSampler | None]:
 
 def open_kv(draft: torch.nn.Module, context: RunContext, engine: str) -> KVModel:
     """The draft's model+cache for one generation: room for the committed tokens plus several
-    levels of expanded nodes; wrapped for KV eviction when the run evicts."""
+    levels of expanded nodes; wrapped for KV eviction when the run evicts. In a batch, the row's
+    part of the batch's shared draft cache (``context.draft_kv``)."""
+    if context.draft_kv is not None:
+        return context.draft_kv(draft)
     kv: KVModel = cached_model(draft, context.vocab, engine, draft_rows(context.rows),
                                context.options.cache_options(context.target_kv.device.type), pool=context.options.pool)
     if context.streaming is not None:

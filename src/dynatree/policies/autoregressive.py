@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.core.proposer import LevelDrafter
+from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.tree import TreeBuilder
 from dynatree.policies.base import DraftPolicy
 
@@ -26,8 +26,9 @@ class Autoregressive(DraftPolicy):
     Config = AutoregressiveConfig
     uses_draft: ClassVar[bool] = False
 
-    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
-        return None
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
+        return
+        yield
 
     def max_depth(self) -> int:
         return 0

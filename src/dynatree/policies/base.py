@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dynatree.core.proposer import LevelDrafter
+from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.errors import DynaTreeError
 from dynatree.core.tree import TreeBuilder
 
@@ -60,14 +60,31 @@ class DraftPolicy(ABC):
         """Forget per-generation state (history); called when a model proposer opens for a run."""
 
     @abstractmethod
-    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         """Add drafted nodes to ``tree`` (whose node 0 is the root), within ``tree.cap`` and
-        ``tree.deepens``.
+        ``tree.deepens``: a generator that *yields* each level it wants the draft run over (a list
+        of tree nodes, all their parents already run) and receives that level's draft logits
+        ``[len(nodes), V]``.
 
         ``root_logits`` are the draft's logits for the root's children, already computed by the
-        model proposer's first draft call of the round; further levels come from
-        ``drafter.forward(nodes)``, and a policy that samples children draws with ``drafter.sampler``.
+        model proposer's first draft call of the round; a policy that samples children draws with
+        ``drafter.sampler``.
+
+        Why a generator rather than a call back into the drafter: a batch's rows each grow their
+        own tree, and a level that waits as a yielded value can run in ONE draft forward with the
+        other rows' levels (:mod:`dynatree.runtime.batch_draft`); one prompt's proposer runs each
+        level as it comes (:meth:`build`).
         """
+
+    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+        """:meth:`grow`, each level run at once with ``drafter.forward(nodes)``."""
+        levels = self.grow(tree, drafter, root_logits)
+        try:
+            nodes = next(levels)
+            while True:
+                nodes = levels.send(drafter.forward(nodes))
+        except StopIteration:
+            return
 
     def observe(self, feedback: RoundFeedback) -> None:
         """Called after every round with that round's outcome."""

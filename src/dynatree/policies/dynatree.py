@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 
 from dynatree.core.costmodel import choose_budget
-from dynatree.core.proposer import LevelDrafter
+from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy, RoundFeedback, add_top_children
@@ -176,7 +176,7 @@ class DynaTree(DraftPolicy):
             return d < round(self.d0)
         return d < cfg.d_max and p >= cfg.rho_stop and (d < round(self.d0) or p >= cfg.rho_deep)
 
-    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         cfg = self.config
         budget = tree.cap(self._budget(root_logits.device.type))  # (the engine's largest verify call)
         costed = cfg.max_nodes is None and self.cost_profile is not None
@@ -188,7 +188,7 @@ class DynaTree(DraftPolicy):
             expand = [u for u in frontier if self.expandable(tree.depth[u], tree.cum_logq[u]) and tree.deepens(u)][:room]
             if not expand or (costed and not self._worth_expanding(tree, expand)):
                 break
-            logps = torch.log_softmax(drafter.forward(expand), -1)
+            logps = torch.log_softmax((yield expand), -1)
             confidence = logps.max(-1).values.exp().tolist()
             frontier = []
             for u, row, c in zip(expand, logps, confidence):

@@ -45,7 +45,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from dynatree.core.proposer import LevelDrafter
+from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.sampling import DraftSampler, without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
@@ -97,10 +97,11 @@ class SampledTreePolicy(DraftPolicy):
         self.draft_rows = 0
         return sampler
 
-    def _draft(self, drafter: LevelDrafter, nodes: list[int]) -> torch.Tensor:
+    def _draft(self, nodes: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """The draft distributions of ``nodes`` from their draft ``logits``."""
         assert self.sampler is not None
         self.draft_rows += len(nodes)
-        return self.sampler.probs(drafter.forward(nodes))
+        return self.sampler.probs(logits)
 
     def state(self) -> dict[str, float]:
         return {"expected_accept": sum(self.values), "draft_rows": float(self.draft_rows)}
@@ -110,7 +111,7 @@ class DySpec(SampledTreePolicy):
     name: ClassVar[str] = "dyspec"
     Config = DySpecConfig
 
-    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         sampler = self._start(drafter)
         budget = tree.cap(self.config.max_nodes)  # (the engine's largest verify call may be smaller)
         dist: dict[int, torch.Tensor] = {0: sampler.probs(root_logits)}  # node -> its draft distribution
@@ -125,7 +126,7 @@ class DySpec(SampledTreePolicy):
                 else:
                     best = heapq.nsmallest(budget - (len(tree) - 1), heap)
                     todo = [e[2] for e in best if e[3] is None and e[2] not in dist]
-                for n, row in zip(todo, self._draft(drafter, todo)):
+                for n, row in zip(todo, self._draft(todo, (yield todo))):
                     dist[n] = row
             neg_v, _, node, res = heapq.heappop(heap)
             v = -neg_v

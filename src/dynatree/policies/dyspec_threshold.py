@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.core.proposer import LevelDrafter
+from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.sampling import without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
@@ -48,7 +48,7 @@ class DySpecThreshold(SampledTreePolicy):
     name: ClassVar[str] = "dyspec-threshold"
     Config = DySpecThresholdConfig
 
-    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         sampler = self._start(drafter)
         t, cap = self.config.threshold, tree.cap(self.config.max_nodes)  # (and the engine's largest call)
         leaves: list[tuple[int, float]] = [(0, 1.0)]  # (node, value) of the current layer
@@ -58,7 +58,7 @@ class DySpecThreshold(SampledTreePolicy):
             if not expand:
                 break
             nodes = [n for n, _ in expand]
-            dists = sampler.probs(root_logits)[None] if nodes == [0] else self._draft(drafter, nodes)
+            dists = sampler.probs(root_logits)[None] if nodes == [0] else self._draft(nodes, (yield nodes))
             leaves = []
             for (node, v), d in zip(expand, dists):
                 tree.set_sampled(node, d)

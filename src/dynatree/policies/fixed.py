@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from dynatree.core.proposer import LevelDrafter
+from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy, add_top_children
@@ -49,7 +49,7 @@ class FixedTree(DraftPolicy):
     name: ClassVar[str] = "fixed"
     Config = FixedTreeConfig
 
-    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         cfg = self.config
         budget = tree.cap(cfg.max_nodes)  # (the engine's largest verify call may be smaller)
         log_tau = math.log(cfg.tau) if cfg.tau > 0 else -math.inf
@@ -62,7 +62,7 @@ class FixedTree(DraftPolicy):
             expand = [u for u in frontier if tree.cum_logq[u] >= log_tau and tree.deepens(u)][:room]
             if not expand:
                 break
-            logits = drafter.forward(expand)
+            logits = yield expand
             frontier = []
             for u, row in zip(expand, torch.log_softmax(logits, -1)):
                 frontier += add_top_children(tree, u, row, cfg.branch, budget, drop)

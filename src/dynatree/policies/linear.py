@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from dynatree.core.proposer import LevelDrafter
+from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
 from dynatree.policies.base import DraftPolicy
@@ -27,7 +27,7 @@ class Linear(DraftPolicy):
     name: ClassVar[str] = "linear"
     Config = LinearConfig
 
-    def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
+    def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         logp = torch.log_softmax(root_logits, -1)
         # (the engine's largest verify call, and the tokens left to generate, may be shorter)
         node, k = 0, min(tree.cap(self.config.k), self.config.k if tree.depth_limit is None else tree.depth_limit)
@@ -35,7 +35,7 @@ class Linear(DraftPolicy):
             tok = int(logp.argmax())
             node = tree.add(node, tok, float(logp[tok]))
             if i + 1 < k:  # the last token's own prediction is never needed
-                logp = torch.log_softmax(drafter.forward([node])[0], -1)
+                logp = torch.log_softmax((yield [node])[0], -1)
 
     def max_depth(self) -> int:
         return self.config.k
