@@ -103,6 +103,11 @@ BATCH_LAST_SPREAD = 1.5
 #: the text's lookups cost 0.3% of a round's verify time, its probes stay free.
 BATCH_PAUSE_MATERIAL = 0.1
 BATCH_PAUSE_MAX = 16
+#: A batch's draft calls of one step run as one forward over every row
+#: (:mod:`dynatree.runtime.batch_draft`), each row's queries padded to the longest call's. A call
+#: of more tokens than this (a draft catching up on the tokens it sat out) runs alone instead, so
+#: that the other rows do not pay its length in padded queries.
+BATCH_DRAFT_ALONE = 16
 #: The most rows a greedy batch's verify forward may hold (each row's tree is drafted up to
 #: ``BATCH_MAX_ROWS // rows`` rows before the share is chosen).
 BATCH_MAX_ROWS = {"cpu": 128, "cuda": 256}

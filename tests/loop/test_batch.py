@@ -779,3 +779,20 @@ def test_a_batch_reads_this_machines_measured_share_costs(monkeypatch: pytest.Mo
     monkeypatch.setenv(costmodel.BATCH_ENV_SWITCH, "sometimes")
     with pytest.raises(DynaTreeError, match="DYNATREE_BATCH_SHARES must be 'measure' or 'table'"):
         run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
+
+
+@pytest.mark.parametrize("strategy", ["linear", "dynatree", "dyspec"])
+def test_a_batch_runs_each_step_of_its_rows_draft_calls_as_one_forward(strategy: str) -> None:
+    """Every row drafts every round (a flat cost curve keeps its tree, the back-off off): each
+    step's draft calls of all rows (the pending tokens, then each level) run as one draft forward
+    on the rows' shared draft cache, so the batch runs about a row count fewer draft forwards than
+    its rows make calls (each row's prompt prefill runs alone), and still equals HF's batched
+    greedy. Rows drafting one after another, as before, would run one forward per call."""
+    ids, mask = padded(prompts(LENGTHS, 5))
+    out = dynatree.generate(models("llama")["target"], models("llama")["perturbed"], ids, strategy,
+                            max_new_tokens=N, attention_mask=mask, stopping=stopping(), text=False, backoff=False,
+                            **OPTIONS.get(strategy, {}))
+    assert torch.equal(out.sequences, hf_batch("llama", LENGTHS, 5, N))
+    calls = sum(r.draft_calls for s in out.stats for r in s.rounds)
+    assert calls > 3 * len(LENGTHS)
+    assert out.stats.draft_forwards - len(LENGTHS) <= calls / 2, (out.stats.draft_forwards, calls)

@@ -145,6 +145,10 @@ class BatchStats:
     #: a greedy batch's verify cost by share: where it came from (``source``: the tuning table or this
     #: machine's measurement), ``shares`` and their ``cost`` relative to a plain step
     share_costs: dict[str, Any] | None = None
+    #: draft-model forwards the batch's shared draft caches ran (each step's calls of every row
+    #: gathered into one where it paid); the rows' own ``draft_calls`` count each row's calls, as a
+    #: single prompt's would
+    draft_forwards: int = 0
 
     def __getitem__(self, row: int) -> GenerationStats:
         return self.rows[row]
@@ -189,6 +193,7 @@ class BatchStats:
             "t_verify": sum(r.t_verify for r in self.rounds),
             "t_realign": self.t_realign,
             "mean_verified_rows": sum(r.verified_rows for r in self.rounds) / max(self.num_rounds, 1),
+            "draft_forwards": self.draft_forwards,
         }
 
     def to_dict(self) -> dict[str, Any]:

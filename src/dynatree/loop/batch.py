@@ -34,8 +34,10 @@ with these differences:
   keeps going, and every drafted row widens everyone's forward, so where the rows' texts give
   little to draft the batch decodes plain.
 
-The draft model's level calls run per row (each row's proposer calls its own draft cache); they
-are not batched across rows.
+The draft model's calls are batched across rows: each row's proposer grows its tree step by step
+(:meth:`~dynatree.core.proposer.Proposer.drafting`), and each step's calls of every row (the
+pending committed tokens, then level after level) run as one draft forward on the rows' shared
+draft cache (:mod:`dynatree.runtime.batch_draft`, :func:`draft_together`).
 """
 
 from __future__ import annotations
@@ -43,14 +45,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from dynatree.core.clock import sync_clock
 from dynatree.core.costmodel import CostProfile, choose_share, last_row_weights, share_profile_for
-from dynatree.core.proposer import Outcome, Proposer, RunContext
+from dynatree.core.proposer import DraftCall, Drafting, Outcome, Proposer, RunContext, run_calls
 from dynatree.core.sampling import DraftSampler, SamplingConfig
 from dynatree.core.stats import BatchRound, BatchStats, GenerationResult, GenerationStats, RoundStats
 from dynatree.core.tree import TokenTree, TreeBuilder, committed_tokens, truncate_round
@@ -60,6 +62,7 @@ from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions
 from dynatree.policies import DraftPolicy
 from dynatree.runtime.batch_cache import BatchedKV
+from dynatree.runtime.batch_draft import BatchDrafts
 from dynatree.runtime.engines import notice
 from dynatree.tuning import (BATCH_LAST_SPREAD, BATCH_MAX_ROWS, BATCH_MIN_SHARE, BATCH_PAUSE_MATERIAL, BATCH_PAUSE_MAX,
                              BATCH_PRIOR_EXPECTED, BATCH_ROW_COST, BATCH_SHARE_COST, BATCH_TREE_ROWS,
@@ -263,15 +266,44 @@ class _Row:
         self.expected = TEXT_CALIBRATION_DECAY * self.expected + expected
 
 
+def draft_together(steps: dict[int, Drafting], spent: list[float], clock: Callable[[], float]) -> None:
+    """Drive every row's drafting steps (:meth:`~dynatree.core.proposer.Proposer.drafting`) to
+    their ends, the calls the rows wait on at each step run together (:func:`run_calls`: one draft
+    forward per shared draft cache). ``spent[j]`` gains row ``j``'s time: its own steps, plus an
+    equal part of each gathered call it had a call in."""
+    waiting: dict[int, DraftCall] = {}
+
+    def advance(j: int, result: torch.Tensor | None) -> None:
+        s = clock()
+        try:
+            waiting[j] = next(steps[j]) if result is None else steps[j].send(result)
+        except StopIteration:
+            waiting.pop(j, None)
+        spent[j] += clock() - s
+
+    for j in steps:
+        advance(j, None)
+    while waiting:
+        order = list(waiting)
+        s = clock()
+        results = run_calls([waiting[j] for j in order])
+        part = (clock() - s) / len(order)
+        for j, result in zip(order, results):
+            spent[j] += part
+            advance(j, result)
+
+
 def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: list[list[int]],
-                 rngs: list[torch.Generator], run: RunContext) -> GenerationResult:
+                 rngs: list[torch.Generator], run: RunContext, drafts: BatchDrafts | None = None) -> GenerationResult:
+    """The batch's rounds (module docstring). ``drafts``: the rows' shared draft caches, which
+    drop finished rows with the target's cache."""
     clock = sync_clock(target.device)
     rows = [_Row(p, prop, rng, GenerationStats(strategy=run.strategy, prompt_tokens=len(p)), root=p[-1])
             for p, prop, rng in zip(prompts, proposers, rngs)]
     stats = BatchStats([r.stats for r in rows])
     # (timed before the clock starts: the first batch of its size on a machine measures its shares)
-    drafts = any(p is not None for p in proposers)
-    measured = measured_shares(target, len(rows), run.lazy_head) if run.sampling.greedy and drafts else None
+    any_draft = any(p is not None for p in proposers)
+    measured = measured_shares(target, len(rows), run.lazy_head) if run.sampling.greedy and any_draft else None
     start = clock()
 
     # 0. Prefill: every row's prompt but its last token (the first root), left-padded.
@@ -312,19 +344,20 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         else:
             cap = run.tree_rows // len(rows)
             cap = cap if cap >= BATCH_MIN_SHARE else 1
-        builders, proposed, t_row, deepens = [], [], [], False
+        builders, proposed, deepens = [], [], False
+        steps: dict[int, Drafting] = {}
         speculate = run.backoff is None or run.backoff.should_draft()
-        for i in active:
+        for j, i in enumerate(active):
             r = rows[i]
-            s = clock()
             builder = TreeBuilder(r.root, cap, depth_limit=run.max_new_tokens - len(r.out) - 1)
             deepens |= builder.depth_limit > 0
-            drafts = speculate and cap > 1 and r.proposer is not None and builder.depth_limit > 0
-            if drafts:
-                r.proposer.propose(builder)
+            drafting_row = speculate and cap > 1 and r.proposer is not None and builder.depth_limit > 0
+            if drafting_row:
+                steps[j] = r.proposer.drafting(builder)
             builders.append(builder)
-            proposed.append(drafts)
-            t_row.append(clock() - s)
+            proposed.append(drafting_row)
+        t_row = [0.0] * len(active)
+        draft_together(steps, t_row, clock)  # (each step's draft calls of every row in one forward)
         if run.sampling.greedy and any(proposed):
             share = choose_share(curve, [node_gains(b, rows[i].rate) for b, i in zip(builders, active)], cap,
                                  weights=weights)
@@ -390,9 +423,12 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         if len(still) < len(active) and still:
             # 5. Finished rows leave the batch (their KV rows with them).
             target.keep_rows([active.index(i) for i in still])
+            if drafts is not None:
+                drafts.keep_rows([active.index(i) for i in still])
         active = still
 
     stats.t_total = clock() - start
+    stats.draft_forwards = drafts.calls if drafts is not None else 0
     return GenerationResult(sequences=_pad(rows, run.pad_token_id), stats=stats)
 
 

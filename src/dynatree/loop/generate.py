@@ -36,6 +36,7 @@ from dynatree.runtime.cache import vocab_size
 from dynatree.runtime.engines import cached_target, eval_mode, notice, resolve as resolve_options
 from dynatree.loop import batch
 from dynatree.runtime.batch_cache import BatchedKV
+from dynatree.runtime.batch_draft import BatchDrafts
 from dynatree.runtime.inputs import check_causal_lm, prompt_rows
 from dynatree.errors import DynaTreeError
 from dynatree.options import EngineOptions, StoppingConfig
@@ -443,6 +444,7 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
     with torch.inference_mode(), eval_mode(models):
         plan = options.cache_options(next(target.parameters()).device.type).linear_plan  # (as a single prompt's)
         target_kv = BatchedKV(target, vocab, plan or False)
+        drafts = BatchDrafts(len(prompts), vocab, plan or False)  # (the rows' draft calls run together)
         # The batch's whole setup in one frozen context (each row's proposer gets a copy with its
         # own policy and sampler: batch.open_row_proposers).
         context = RunContext(
@@ -451,9 +453,9 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
             stop=_eos_set(target, stopping.eos_token_id), stop_text=stop_text, sampling=sampling,
             lazy_head=_lazy_head(options, target_kv), backoff=_pacer(backoff, proposer_cls is not None and sampling.greedy),
             pad_token_id=batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id),
-            tree_rows=batch.BATCH_TREE_ROWS)
+            tree_rows=batch.BATCH_TREE_ROWS, draft_kv=drafts)
         proposers = batch.open_row_proposers(draft, proposer_cls, context, policy, sampling, rngs)
-        result = batch.decode_batch(target_kv, proposers, prompts, rngs, context)
+        result = batch.decode_batch(target_kv, proposers, prompts, rngs, context, drafts)
         if given is not None and given.shape[1] == max(map(len, prompts)):  # HF returns the prompts as given
             result.sequences[:, : given.shape[1]] = given.cpu()
     if given is not None and result.sequences.device != given.device:
