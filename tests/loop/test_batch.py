@@ -319,6 +319,18 @@ def test_unsupported_settings_are_refused(setting: dict) -> None:
     assert "\n" not in str(err.value)
 
 
+def test_a_sliding_window_draft_model_is_refused_for_batches() -> None:
+    """A batch's draft caches share one HF cache (runtime/batch_draft.py), full attention only."""
+    from tiny import window_model
+
+    target, draft = models("llama")["target"], window_model("mistral", 0)
+    with no_model_calls(target) as calls, no_model_calls(draft) as draft_calls, pytest.raises(DynaTreeError) as err:
+        dynatree.generate(target, draft, [[5, 6, 7], [8, 9]], max_new_tokens=4, stopping=stopping(), text=False)
+    assert calls == [] and draft_calls == []
+    assert "sliding-window attention: a batch's draft model needs full attention" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_a_sliding_window_target_is_refused_for_batches() -> None:
     from tiny import window_model
 
@@ -796,3 +808,33 @@ def test_a_batch_runs_each_step_of_its_rows_draft_calls_as_one_forward(strategy:
     calls = sum(r.draft_calls for s in out.stats for r in s.rounds)
     assert calls > 3 * len(LENGTHS)
     assert out.stats.draft_forwards - len(LENGTHS) <= calls / 2, (out.stats.draft_forwards, calls)
+
+
+class _BuildOnly(dynatree.DraftPolicy):
+    """A policy written against ``build`` alone: a chain of the draft's top tokens, each level run
+    with ``drafter.forward`` itself (no ``grow``)."""
+
+    name = "build-only"
+    Config = dict
+
+    def build(self, tree, drafter, root_logits) -> None:
+        node, logits = 0, root_logits
+        for _ in range(min(3, tree.cap(3))):
+            token = int(logits.argmax())
+            node = tree.add(node, token, float(torch.log_softmax(logits, -1)[token]))
+            logits = drafter.forward([node])[0]
+
+    def max_depth(self) -> int:
+        return 3
+
+
+def test_a_policy_that_overrides_only_build_still_drafts_alone_and_in_a_batch() -> None:
+    target, draft = models("llama")["target"], models("llama")["perturbed"]
+    ids, mask = padded(prompts(LENGTHS, 5))
+    out = dynatree.generate(target, draft, ids, _BuildOnly({}), max_new_tokens=N, attention_mask=mask,
+                            stopping=stopping(), text=False, backoff=False)
+    assert torch.equal(out.sequences, hf_batch("llama", LENGTHS, 5, N))
+    assert max(drafted(out)) >= 3
+    one = dynatree.generate(target, draft, [prompts(LENGTHS, 5)[1]], _BuildOnly({}), max_new_tokens=N,
+                            stopping=stopping(), text=False, backoff=False)
+    assert sum(r.drafted for r in one.stats.rounds) > 0

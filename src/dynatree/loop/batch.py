@@ -10,7 +10,7 @@ with these differences:
   (which fixes its share of the verify budget below), not on the other rows; where its trees fit
   that share (a text draft's always do, a policy's when its node budget is at most
   ``BATCH_TREE_ROWS // B - 1``) it commits what a single-prompt run with the same seed would, up
-  to float summation order in the batched forward;
+  to float summation order in the batched forwards (the target's, and the draft model's);
 * the target's KV caches share one :class:`~dynatree.runtime.batch_cache.BatchedKV` (per-row
   positions and masks; ragged lengths kept as masked holes);
 * rows that finish (EOS, stop string, length) leave the batch: no drafting, no verify rows;

@@ -59,7 +59,6 @@ class DraftPolicy(ABC):
     def reset(self) -> None:
         """Forget per-generation state (history); called when a model proposer opens for a run."""
 
-    @abstractmethod
     def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         """Add drafted nodes to ``tree`` (whose node 0 is the root), within ``tree.cap`` and
         ``tree.deepens``: a generator that *yields* each level it wants the draft run over (a list
@@ -74,7 +73,14 @@ class DraftPolicy(ABC):
         own tree, and a level that waits as a yielded value can run in ONE draft forward with the
         other rows' levels (:mod:`dynatree.runtime.batch_draft`); one prompt's proposer runs each
         level as it comes (:meth:`build`).
+
+        A policy written against :meth:`build` alone (calling ``drafter.forward`` itself) still
+        runs: this default runs its ``build`` at once, its levels then not gathered in a batch.
         """
+        if type(self).build is DraftPolicy.build:
+            raise NotImplementedError(f"{type(self).__name__} must implement grow (or build)")
+        self.build(tree, drafter, root_logits)
+        yield from ()
 
     def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
         """:meth:`grow`, each level run at once with ``drafter.forward(nodes)``."""

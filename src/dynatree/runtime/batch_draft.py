@@ -40,6 +40,7 @@ from dynatree.options import LinearPlan
 from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan, new_cache
 from dynatree.runtime.growing_layer import GrowingLayer
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
+from dynatree.runtime.window import attention_layout
 from dynatree.tuning import BATCH_DRAFT_ALONE
 
 
@@ -74,6 +75,9 @@ class BatchedDraftKV:
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, rows: int,
                  cpu_linear: bool | LinearPlan = False) -> None:
+        if attention_layout(model) is not None:
+            raise DynaTreeError(f"{type(model).__name__} uses sliding-window attention: a batch's draft model needs "
+                                "full attention (call generate once per prompt)")
         param = next(model.parameters())
         self.model, self.vocab_size = model, vocab_size
         self.device, self.dtype = param.device, param.dtype
@@ -82,6 +86,7 @@ class BatchedDraftKV:
         self.handles: list[RowDraftKV] = []
         self.calls = 0  # forwards run (gathered or alone)
         self.linear_plan = few_row_plan(model, self.device, cpu_linear)
+        self._single: CachedModel | None = None  # runs the calls that run alone, on a row's columns
 
     @property
     def rows(self) -> int:
@@ -124,10 +129,13 @@ class BatchedDraftKV:
         """One row's call unpadded: its cached columns copied into a single-row cache, the call
         run there as a single prompt's is, its new keys and values written back to the row."""
         n, q = self.lengths[b], len(call.tokens)
-        own = CachedModel(self.model, self.vocab_size, self.linear_plan or False)
+        if self._single is None:  # (made once: a model+cache reads the model's layout, ~0.6 ms)
+            self._single = CachedModel(self.model, self.vocab_size, self.linear_plan or False)
+        own = self._single
         layers = self._layers()
-        if n and layers:
-            own.cache = DynamicCache(ddp_cache_data=[(x.keys[b: b + 1, :, :n], x.values[b: b + 1, :, :n]) for x in layers])
+        own.calls = 0
+        own.cache = DynamicCache(ddp_cache_data=[(x.keys[b: b + 1, :, :n], x.values[b: b + 1, :, :n]) for x in layers]
+                                 if n and layers else None)
         if call.prefill:
             result = own.prefill(call.tokens, logits=True)
         else:
