@@ -159,3 +159,29 @@ def test_every_row_of_the_cited_run_equals_the_autoregressive_output(table) -> N
     assert checked, f"{path.name} has no speculative rows"
     differ = [(r["label"], r["prompt_id"]) for r in checked if r.get("greedy_match") is not True]
     assert not differ, f"rows whose output differs from (or was not compared with) the AR output: {differ}"
+
+
+#: The README's table by batch size: one row per batch run, its results file in the last column;
+#: a column's figure is the mean over the run's tasks of each task's speedup, of the column's label
+#: over our batched autoregressive decoding (``speedup_vs_ar``), or for our autoregressive
+#: decoding over HF's batched ``generate`` (``speedup_vs_hf``): what ``dynatree bench`` prints as
+#: the mean.
+BATCHES_HEADER = "| batch size (AMD EPYC) |"
+BATCH_COLUMNS = {"our batched autoregressive over HF batched `generate`": ("autoregressive", "speedup_vs_hf"),
+                 "text alone": ("text", "speedup_vs_ar"), "default (model + text)": ("hybrid", "speedup_vs_ar")}
+
+
+def test_the_readme_table_by_batch_size_is_recomputed_from_its_results_files() -> None:
+    _, header, body = headline(README.read_text(encoding="utf-8"), BATCHES_HEADER)
+    assert header[-1] == "results" and all(name in BATCH_COLUMNS for name in header[2:-1]), header
+    assert body, "the table by batch size has no rows"
+    for row in body:
+        size, path = int(row[0]), ROOT / CITED.fullmatch(row[-1]).group(1)
+        runs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        assert {r["batch_size"] for r in runs} == {size}, f"{path.name} is not a batch-{size} run"
+        for name, cell in zip(header[2:-1], row[2:-1]):
+            label, key = BATCH_COLUMNS[name]
+            values = [r[key] for r in runs if r["label"] == label]
+            assert len(values) == len({r["task"] for r in runs}), f"{path.name}: {label} misses a task"
+            shown, _ = figure(cell)
+            assert shown == f"{sum(values) / len(values):.2f}", (path.name, name, shown)

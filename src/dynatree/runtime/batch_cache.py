@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers import DynamicCache
 
 from dynatree.core.tree import TokenTree, ancestor_matrix
 from dynatree.errors import DynaTreeError
@@ -48,6 +49,15 @@ def ragged_prefill_applies(device: torch.device, lengths: Sequence[int]) -> bool
     return longest >= BATCH_PREFILL_ROW_LENGTH or rows * longest - sum(lengths) > BATCH_PREFILL_ROW_PADDING * rows
 
 
+def batch_cache(model: torch.nn.Module, needs: str) -> DynamicCache:
+    """A fresh cache for one of a batch's models; a sliding-window model is refused in one line
+    (``needs``: what the batch needs instead), before any model call."""
+    if attention_layout(model) is not None:
+        raise DynaTreeError(f"{type(model).__name__} uses sliding-window attention: {needs} "
+                            "(call generate once per prompt)")
+    return new_cache(model, layout=None)
+
+
 class BatchedKV:
     """A causal LM and the KV caches of a batch of rows: prefill, verify every row's tree in ONE
     forward, commit each row's accepted path, drop finished rows."""
@@ -56,13 +66,10 @@ class BatchedKV:
     max_tree_rows: int | None = None
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, cpu_linear: bool | LinearPlan = False) -> None:
-        if attention_layout(model) is not None:
-            raise DynaTreeError(f"{type(model).__name__} uses sliding-window attention: batches need a "
-                                "full-attention target (call generate once per prompt)")
+        self.cache = batch_cache(model, "batches need a full-attention target")
         param = next(model.parameters())
         self.model, self.vocab_size = model, vocab_size
         self.device, self.dtype = param.device, param.dtype
-        self.cache = new_cache(model, layout=None)
         self.calls = 0
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, W]: which columns hold a real token
         self.lengths: list[int] = []  # per row: columns in use (its padding and holes included)
@@ -228,4 +235,4 @@ class BatchedKV:
         return int(layers[0].keys.shape[2]) if layers else 0
 
 
-__all__ = ["BatchedKV"]
+__all__ = ["BatchedKV", "batch_cache"]

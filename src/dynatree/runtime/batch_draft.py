@@ -37,10 +37,10 @@ from transformers import DynamicCache
 from dynatree.core.proposer import DraftCall
 from dynatree.errors import DynaTreeError
 from dynatree.options import LinearPlan
-from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan, new_cache
+from dynatree.runtime.batch_cache import batch_cache
+from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan
 from dynatree.runtime.growing_layer import GrowingLayer
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
-from dynatree.runtime.window import attention_layout
 from dynatree.tuning import BATCH_DRAFT_ALONE
 
 
@@ -75,13 +75,10 @@ class BatchedDraftKV:
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, rows: int,
                  cpu_linear: bool | LinearPlan = False) -> None:
-        if attention_layout(model) is not None:
-            raise DynaTreeError(f"{type(model).__name__} uses sliding-window attention: a batch's draft model needs "
-                                "full attention (call generate once per prompt)")
+        self.cache = batch_cache(model, "a batch's draft model needs full attention")
         param = next(model.parameters())
         self.model, self.vocab_size = model, vocab_size
         self.device, self.dtype = param.device, param.dtype
-        self.cache = new_cache(model, layout=None)
         self.lengths = [0] * rows  # per batch row: columns in use
         self.handles: list[RowDraftKV] = []
         self.calls = 0  # forwards run (gathered or alone)
