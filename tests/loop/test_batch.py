@@ -783,8 +783,9 @@ def test_a_batch_reads_this_machines_measured_share_costs(monkeypatch: pytest.Mo
         assert max(drafted(out)) == 1 and all(r.verified_rows <= 8 for r in out.stats.rounds)
     assert measured == [(4, (1, 2, 4, 8, 16, 32))]  # (once: the second run read the cache)
     assert mismatches("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16) == []
-    run_batch("llama", "autoregressive", "text", (4, 9, 1, 6, 2), 3, 16)
+    plain = run_batch("llama", "autoregressive", "text", (4, 9, 1, 6, 2), 3, 16)
     assert measured == [(4, (1, 2, 4, 8, 16, 32))]  # (a batch of 5 that never drafts: nothing timed)
+    assert plain.stats.share_costs is None  # (and it names no costs: it never chose a share)
     monkeypatch.setenv(costmodel.BATCH_ENV_SWITCH, "table")
     off = run_batch("llama", "dynatree", "perturbed", (4, 9, 1, 6), 3, 16)
     assert off.stats.share_costs["source"].startswith("tuning.BATCH_SHARE_COST") and max(drafted(off)) > 1

@@ -328,7 +328,7 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         #    neighbours; a share under BATCH_MIN_SHARE rows is 1: plain steps.
         if run.sampling.greedy:
             curve, max_rows = share_cost(target.device, len(active), measured)
-            if stats.share_costs is None:
+            if stats.share_costs is None and any_draft:  # (a batch without drafts never chooses a share)
                 stats.share_costs = curve.meta
             cap = max(1, max_rows // len(active))
             weights = row_weights(target.device, [rows[i].remaining_rounds(run.max_new_tokens) for i in active])
