@@ -67,6 +67,13 @@ class DraftCall:
     last_only: bool = False
     prefill: bool = False
 
+    @classmethod
+    def prompt(cls, kv: KVModel, tokens: Sequence[int]) -> "DraftCall":
+        """A prompt's prefill on ``kv``: a causal chain after the cached rows, which every cache
+        builds for itself (no positions or mask are carried)."""
+        return cls(kv, list(tokens), torch.empty(0, dtype=torch.long), torch.empty(0, 0, dtype=torch.bool), kv.length,
+                   prefill=True)
+
     def run(self) -> torch.Tensor:
         """Run this call alone on its cache."""
         if self.prefill:
@@ -102,15 +109,21 @@ def run_calls(calls: Sequence[DraftCall]) -> list[torch.Tensor]:
 T = TypeVar("T")
 
 
+def drive(steps: Generator[Any, Any, T], answer: Callable[[Any], Any]) -> T:
+    """Run a generator of requests to its end, sending each yielded request's ``answer`` back;
+    returns what the generator returns."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(answer(request))
+    except StopIteration as stop:
+        return stop.value
+
+
 def run_drafting(steps: Generator[DraftCall, torch.Tensor, T]) -> T:
     """Drive steps (a proposer's :meth:`Proposer.drafting`) to their end, each call run as it
     comes; returns what the steps return."""
-    try:
-        call = next(steps)
-        while True:
-            call = steps.send(call.run())
-    except StopIteration as stop:
-        return stop.value
+    return drive(steps, DraftCall.run)
 
 
 class LevelDrafter(Protocol):

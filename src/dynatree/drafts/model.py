@@ -124,9 +124,7 @@ class ModelProposer(Proposer):
         self._builder = builder
         self._slot = {}
         if self._prompt is not None:  # (the prefill waited for this first drafting round)
-            start, q = self.kv.length, len(self._prompt)
-            self._root_logits = yield DraftCall(self.kv, self._prompt, torch.arange(start, start + q),
-                                                torch.ones(q, q, dtype=torch.bool).tril(), start, prefill=True)
+            self._root_logits = yield DraftCall.prompt(self.kv, self._prompt)
             self._prompt = None
         self._calls0 = self.kv.calls
         start = self.kv.length

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dynatree.core.proposer import LevelDrafter, Levels
+from dynatree.core.proposer import LevelDrafter, Levels, drive
 from dynatree.errors import DynaTreeError
 from dynatree.core.tree import TreeBuilder
 
@@ -84,13 +84,7 @@ class DraftPolicy(ABC):
 
     def build(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> None:
         """:meth:`grow`, each level run at once with ``drafter.forward(nodes)``."""
-        levels = self.grow(tree, drafter, root_logits)
-        try:
-            nodes = next(levels)
-            while True:
-                nodes = levels.send(drafter.forward(nodes))
-        except StopIteration:
-            return
+        drive(self.grow(tree, drafter, root_logits), drafter.forward)
 
     def observe(self, feedback: RoundFeedback) -> None:
         """Called after every round with that round's outcome."""

@@ -276,9 +276,7 @@ class RowDraftKV:
             raise DynaTreeError("a batch's shared draft cache runs logits calls only (no features)")
         if not len(tokens):
             return None
-        n, q = self.length, len(tokens)
-        out = self.shared.run([DraftCall(self, list(tokens), torch.arange(n, n + q),
-                                         torch.ones(q, q, dtype=torch.bool).tril(), n, prefill=True)])[0]
+        out = self.shared.run([DraftCall.prompt(self, tokens)])[0]
         return out if logits else None
 
     def forward(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
