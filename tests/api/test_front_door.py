@@ -266,3 +266,59 @@ def test_bench_refuses_a_prompt_file_with_too_few_prompts_before_loading_a_model
     prompts.write_text("the fox\n\nthe dog\n", encoding="utf-8")
     argv = ["bench", "--dataset", str(prompts), "--num-prompts", "3", "--output", str(tmp_path / "r.jsonl")]
     assert cli_error(argv) == f"error: '{prompts}' has only 2 prompts, 3 requested"
+
+
+# ----------------------------------------------------------------- gaps found by a user's read
+@pytest.mark.parametrize("ids", [[[5, 6, 7], [8, True, 9]], [[5, 6], [7, 8], [False, 9]]],
+                         ids=["second row", "third row"])
+def test_a_bool_in_a_later_row_of_an_equal_length_batch_is_refused(ids: Any) -> None:
+    """Every row is read, not only the first: a bool anywhere is a mask in the ids' place (torch
+    would run it as token 1)."""
+    target = llama()
+    message = refused(lambda: dynatree.generate(target, None, ids, "linear", max_new_tokens=4), target)
+    assert message.startswith("input_ids must be integer token ids, got bools")
+
+
+@pytest.mark.parametrize("value", ["10", 2.5, 0, True], ids=["a string", "a float", "zero", "a bool"])
+@pytest.mark.parametrize("draft", ["model", "text"])
+def test_max_new_tokens_of_the_wrong_kind_is_refused_by_name(value: Any, draft: str) -> None:
+    """Checked before anything reads it (the text source's depth did: a raw TypeError for "10",
+    an error blaming max_spec for 2.5)."""
+    target = llama()
+    d = tiny_model("llama", 1, vocab=VOCAB) if draft == "model" else None
+    message = refused(lambda: dynatree.generate(target, d, IDS, max_new_tokens=value), target)
+    assert message == f"max_new_tokens must be a positive integer, got {value!r}"
+
+
+def test_a_batch_without_a_mask_reads_its_padding_as_hf_does() -> None:
+    """[B, L] without attention_mask: where the pad token is not an EOS token, its occurrences are
+    padding (HF's generate infers the mask so); the rows equal those decoded alone. Where it is also
+    the EOS token and a row begins with it, the batch is refused in one line."""
+    target = tiny_model("llama", 0, vocab=VOCAB)  # (its own: the test sets its generation config)
+    target.generation_config.pad_token_id = 0
+    target.generation_config.eos_token_id = 1
+    batch = torch.tensor([[0, 0, 5, 6, 7], [9, 8, 5, 6, 7]])
+    out = dynatree.generate(target, None, batch, "autoregressive", max_new_tokens=6,
+                            stopping=dynatree.StoppingConfig(eos_token_id=()))
+    alone = dynatree.generate(target, None, [[5, 6, 7]], "autoregressive", max_new_tokens=6,
+                              stopping=dynatree.StoppingConfig(eos_token_id=()))
+    assert out.sequences[0, -6:].tolist() == alone.sequences[0, -6:].tolist()
+    assert out.stats[0].prompt_tokens == 3 and out.stats[1].prompt_tokens == 5
+    target.generation_config.eos_token_id = 0  # pad == EOS: cannot tell
+    message = refused(lambda: dynatree.generate(target, None, batch, "autoregressive", max_new_tokens=4), target)
+    assert message.startswith("input_ids is a [B, L] batch without attention_mask, and rows [0] begin with token 0")
+    ok = dynatree.generate(target, None, batch[[1, 1]], "autoregressive", max_new_tokens=2)  # (no row begins with it)
+    assert ok.sequences.shape[0] == 2
+
+
+@pytest.mark.parametrize("route", ["direct", "callable"])
+def test_an_empty_prompt_on_the_hf_route_is_called_empty(route: str) -> None:
+    """[1, 0] ids are an empty prompt, said so (not a hint about inputs_embeds, which it has none of)."""
+    target = llama()
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    if route == "direct":
+        call = functools.partial(dynatree.hf.generate, target, empty, max_new_tokens=3, pad_token_id=0)
+    else:
+        call = functools.partial(target.generate, empty, custom_generate=dynatree.hf.generate, max_new_tokens=3,
+                                 pad_token_id=0)
+    assert refused(call, target) == "empty prompt: input_ids of shape (1, 0) has no tokens"

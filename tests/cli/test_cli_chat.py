@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typer.testing import CliRunner
 import dynatree
 from dynatree.integrations.chat import ChatSession, EchoStreamer, chat_prompt
 from dynatree.cli import app
+from tools import needs_tool
 from cli_helpers import SRC, reference_reply
 
 
@@ -117,7 +117,7 @@ def test_chat_command_through_the_runner(model_dirs) -> None:
     assert f"bot> {reply}\n" in res.stdout
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for the real-terminal check")
+@needs_tool("tmux", "the real-terminal check")
 def test_chat_in_a_real_terminal(model_dirs) -> None:
     """tmux runs ``dynatree chat`` on a pseudo-terminal; we type a message and read the screen."""
     sock = f"dynatree-test-{os.getpid()}"

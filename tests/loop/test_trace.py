@@ -7,7 +7,6 @@ Chromium and looks for the tree's colours in the screenshot, and skips where Chr
 from __future__ import annotations
 
 import functools
-import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -20,6 +19,7 @@ import dynatree
 from dynatree.loop.trace import TraceRecorder, token_text
 from dynatree.options import StoppingConfig
 from tiny import perturbed, tiny_model
+from tools import needs_tool
 from tiny_tok import VOCAB, tiny_tokenizer
 
 OPTIONS = {"tau": 0.0, "d0": 3, "d_max": 5, "max_nodes": 24, "window": 2}
@@ -93,7 +93,7 @@ def test_trace_without_tokenizer_shows_token_ids(tmp_path: Path) -> None:
     assert f"#{rounds[0].bonus}" in html and html.count("<section") == out.stats.num_rounds
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs headless Chromium (apt-get install chromium)")
+@needs_tool("chromium", "the trace page in a headless browser; apt-get install chromium")
 def test_trace_renders_in_chromium(tmp_path: Path) -> None:
     from matplotlib.image import imread
 

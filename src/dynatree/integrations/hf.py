@@ -178,6 +178,8 @@ def _front_door(model: Any, draft: Any, role: str, ids: Any) -> None:
     if isinstance(ids, torch.Tensor) and ids.dim() != 2:
         raise DynaTreeError(f"inputs must be [B, L] (batch, length), as for HF's generate, got shape "
                             f"{tuple(ids.shape)}")
+    if isinstance(ids, torch.Tensor) and ids.shape[1] == 0:
+        raise DynaTreeError(f"empty prompt: input_ids of shape {tuple(ids.shape)} has no tokens")
 
 
 def _prepared_by_hf(processors: Any, criteria: Any, config: Any, model_kwargs: dict[str, Any]) -> bool:
@@ -278,8 +280,8 @@ def _refuse_unsupported(model: Any, input_ids: torch.Tensor, config: GenerationC
         if bad:
             raise DynaTreeError(f"{what} is not supported by dynatree custom_generate; supported: {_SUPPORTED}")
     # (a batch's attention_mask, left padding only, is checked with its ids by the engine)
-    if input_ids.shape[1] == 0:
-        raise DynaTreeError("dynatree needs input_ids (inputs_embeds without ids are not supported)")
+    if input_ids.shape[1] == 0:  # (inputs_embeds were refused above: these are ids, and none)
+        raise DynaTreeError(f"empty prompt: input_ids of shape {tuple(input_ids.shape)} has no tokens")
     cache = model_kwargs.get("past_key_values")
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
         raise DynaTreeError("a filled past_key_values is not supported by dynatree (it keeps its own caches)")

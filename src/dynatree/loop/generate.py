@@ -143,12 +143,12 @@ def generate(
     flat_keywords.refuse(strategy_options)
     sampling, options, stopping = (_group(sampling, SamplingConfig, "sampling"), _group(options, EngineOptions, "options"),
                                    _group(stopping, StoppingConfig, "stopping"))
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     policy = _policy(strategy, strategy_options)
     draft = with_text(draft, text, max_new_tokens, options.kv_window) if policy.uses_draft else draft
     check_causal_lm(target, "target")
-    prompts = prompt_rows(input_ids, attention_mask, target)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise DynaTreeError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    prompts = prompt_rows(input_ids, attention_mask, target, stopping.pad_token_id, stopping.eos_token_id)
     if stopping.stop_strings and tokenizer is None:
         raise DynaTreeError("stop_strings need a tokenizer (pass tokenizer=...)")
     stop_text = StopText(tokenizer, list(stopping.stop_strings)) if stopping.stop_strings else None

@@ -125,7 +125,7 @@ def _as_tensor(input_ids: Any) -> torch.Tensor:
         if len(lengths) > 1:
             raise DynaTreeError(f"input_ids is a ragged list (rows of {' and '.join(map(str, lengths))} tokens): "
                                 "pass one prompt, [1, L] or [L]")
-        if any(isinstance(t, bool) for t in (rows[0] if len(rows) == 1 else input_ids)):
+        if any(isinstance(t, bool) for row in (rows or [input_ids]) for t in row):
             raise DynaTreeError("input_ids must be integer token ids, got bools (an attention mask in its place?)")
     try:
         return torch.as_tensor(input_ids)
@@ -133,12 +133,19 @@ def _as_tensor(input_ids: Any) -> torch.Tensor:
         raise DynaTreeError(f"input_ids must be token ids ([1, L] or [L] integers): {first_line(exc)}") from None
 
 
-def prompt_rows(input_ids: Any, attention_mask: Any, target: torch.nn.Module) -> list[list[int]]:
+def prompt_rows(input_ids: Any, attention_mask: Any, target: torch.nn.Module, pad_token_id: int | None = None,
+                eos_token_id: int | Sequence[int] | None = None) -> list[list[int]]:
     """Every prompt of ``input_ids`` as its own list of token ids: one prompt (``[L]``, ``[1, L]``),
     a batch ``[B, L]`` whose ``attention_mask`` marks left padding with 0 (HF's convention for
-    decoder-only models; no mask: every token is real), or a list of prompts of different lengths.
-    Each row passes :func:`prompt_ids`' checks; a mask that pads on the right, or leaves a row
-    empty, is refused in one line before any model call."""
+    decoder-only models), or a list of prompts of different lengths. Each row passes
+    :func:`prompt_ids`' checks; a mask that pads on the right, or leaves a row empty, is refused in
+    one line before any model call.
+
+    A ``[B, L]`` batch without a mask is read as HF's ``generate`` reads it: where the pad token
+    (``pad_token_id``, else the target's ``generation_config.pad_token_id``) occurs in it and is not
+    an EOS token, the mask is ``input_ids != pad``; otherwise every token is real. Where a row
+    *begins* with a pad token that is also an EOS token, whether it is padding cannot be told: that
+    is refused, asking for the mask (HF would decode the padding as prompt)."""
     if _ragged(input_ids):
         if attention_mask is not None:
             raise DynaTreeError("attention_mask goes with a padded [B, L] input_ids, not with a list of prompts")
@@ -146,8 +153,11 @@ def prompt_rows(input_ids: Any, attention_mask: Any, target: torch.nn.Module) ->
     ids = _as_tensor(input_ids)
     if attention_mask is None:
         if ids.dim() == 2 and ids.shape[0] > 1:
-            return [prompt_ids(row, target) for row in ids]
-        return [prompt_ids(input_ids, target)]
+            attention_mask = _inferred_mask(ids, target, pad_token_id, eos_token_id)
+            if attention_mask is None:
+                return [prompt_ids(row, target) for row in ids]
+        else:
+            return [prompt_ids(input_ids, target)]
     mask = _as_tensor(attention_mask)
     if ids.dim() == 1:
         ids = ids.view(1, -1)
@@ -167,6 +177,30 @@ def prompt_rows(input_ids: Any, attention_mask: Any, target: torch.nn.Module) ->
                                 "convention for decoder-only generation; pass padding_side='left' to the tokenizer)")
         rows.append(prompt_ids(ids[b, ids.shape[1] - real:], target))
     return rows
+
+
+def _inferred_mask(ids: torch.Tensor, target: torch.nn.Module, pad: int | None,
+                   eos: int | Sequence[int] | None) -> torch.Tensor | None:
+    """HF's mask for a ``[B, L]`` batch given without one (see :func:`prompt_rows`), or None (every
+    token real)."""
+    config = getattr(target, "generation_config", None)
+    if pad is None:
+        pad = getattr(config, "pad_token_id", None)
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+    if not isinstance(pad, int) or ids.dtype == torch.bool or ids.dtype.is_floating_point:
+        return None
+    if pad in eos_ids:
+        starts = [b for b in range(ids.shape[0]) if int(ids[b, 0]) == pad]
+        if starts:
+            raise DynaTreeError(f"input_ids is a [B, L] batch without attention_mask, and rows {starts} begin with "
+                                f"token {pad}, which is both the pad and an EOS token: whether it is padding cannot "
+                                "be told; pass attention_mask (the tokenizer's, padding_side='left')")
+        return None
+    if not bool((ids == pad).any()):
+        return None
+    return (ids != pad).long()
 
 
 def _ragged(input_ids: Any) -> bool:

@@ -72,7 +72,7 @@ def test_multi_row_calls_read_the_cache_in_place_and_one_row_calls_do_not(monkey
         real = F.scaled_dot_product_attention  # (the spy above)
 
         def note_switch(*args, **kwargs):
-            switch.append(os.environ.get(grouped_kv.ENV))
+            switch.append(grouped_kv._FORCED.get() or os.environ.get(grouped_kv.ENV))
             return real(*args, **kwargs)
 
         monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", note_switch)
@@ -81,14 +81,37 @@ def test_multi_row_calls_read_the_cache_in_place_and_one_row_calls_do_not(monkey
     assert grouped_kv.ENV not in os.environ
 
 
-def test_the_switch_is_restored_to_the_users_value(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_switch_holds_in_this_thread_only_and_never_touches_the_environment(monkeypatch) -> None:
+    """Inside the block HF's decision says yes to a masked call in this thread; another thread
+    running at the same time gets HF's own answer, and the process's environment (which HF also
+    reads) is never written: the user's value stays whatever it was."""
+    import threading
+
+    from transformers.integrations import sdpa_attention
+
     monkeypatch.setenv(grouped_kv.ENV, "0")
+    mask, key = torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 8)
+    answers: dict[str, bool] = {}
+    inside, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        inside.wait()
+        answers["other thread"] = sdpa_attention.use_gqa_in_sdpa(mask, key, key)
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
     with grouped_kv.grouped_kv(True):
-        assert os.environ[grouped_kv.ENV] == "1"
-    assert os.environ[grouped_kv.ENV] == "0"
+        answers["inside"] = sdpa_attention.use_gqa_in_sdpa(mask, key, key)
+        assert os.environ[grouped_kv.ENV] == "0"
+        inside.set()
+        done.wait(10)
+    t.join()
+    answers["after"] = sdpa_attention.use_gqa_in_sdpa(mask, key, key)
+    assert answers == {"inside": True, "other thread": False, "after": False}
     with pytest.raises(ValueError), grouped_kv.grouped_kv(True):
         raise ValueError
-    assert os.environ[grouped_kv.ENV] == "0"
+    assert not grouped_kv._FORCED.get() and os.environ[grouped_kv.ENV] == "0"
 
 
 def test_logits_equal_the_copying_path_and_a_wrong_grouping_would_show(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,9 +11,14 @@ On the project's CPU (2-core AMD EPYC, SmolLM2-135M, 700 cached tokens, 2 thread
 about 70% of a verify of 3 rows. Such a verify cost 2.2x a one-row step. Reading the cache in
 place (SDPA's ``enable_gqa``) brings it to 1.2x; a 16-row verify falls from 2.5x to 2.1x.
 
-HF already has the switch: ``TRANSFORMERS_SDPA_FORCE_GQA=1``, read on every attention call. It is
-off by default because CUDA's fused kernels take no mask with ``enable_gqa``. :func:`grouped_kv`
-sets it only around our own calls of several rows on CPU. It is not set for one-row calls: those
+HF already has the switch: ``TRANSFORMERS_SDPA_FORCE_GQA=1``, read on every attention call by
+``transformers.integrations.sdpa_attention.use_gqa_in_sdpa``. It is off by default because CUDA's
+fused kernels take no mask with ``enable_gqa``. Writing the variable around our calls, as this
+module first did, changed the process's environment while any other thread's model ran (not
+thread-safe). So :func:`grouped_kv` sets a context variable instead (per thread and per asyncio
+task), and HF's decision function is wrapped once to say yes while it is set: every other caller,
+and every call outside our block, gets HF's own answer. (A transformers without that function
+falls back to the variable.) It is not set for one-row calls: those
 keep HF's packed path, which is the one autoregressive decoding takes. Both paths compute the
 same attention. They differ at most in float summation order: ``enable_gqa`` gave bitwise the same
 output as the copy in ``tests/runtime/kernels/test_grouped_kv.py``. Greedy exactness is tested end to end.
@@ -22,6 +27,8 @@ output as the copy in ``tests/runtime/kernels/test_grouped_kv.py``. Greedy exact
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import os
 from collections.abc import Iterator
 
@@ -36,13 +43,50 @@ def applies(device: torch.device, rows: int) -> bool:
     return SUPPORTED and device.type == "cpu" and rows > 1
 
 
+_FORCED: contextvars.ContextVar[bool] = contextvars.ContextVar("dynatree_grouped_kv", default=False)
+
+
+@functools.cache
+def _hooked() -> bool:
+    """Wrap HF's ``use_gqa_in_sdpa`` once so that it also says yes inside :func:`grouped_kv`
+    (in this thread or task only); False where this transformers has no such function."""
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        return False
+    decide = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
+    if decide is None:
+        return False
+
+    @functools.wraps(decide)
+    def use_gqa_in_sdpa(*args: object, **kwargs: object) -> bool:
+        if not torch.compiler.is_compiling() and _FORCED.get():
+            return True
+        return decide(*args, **kwargs)
+
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+    return True
+
+
 @contextlib.contextmanager
 def grouped_kv(enabled: bool) -> Iterator[None]:
     """Within the block, HF's SDPA attention reads grouped keys and values in place (when
-    ``enabled``). The variable is restored afterwards, even if the user had set it."""
+    ``enabled``), for calls made by this thread (or asyncio task) only; nothing in the process's
+    environment changes."""
     if not enabled:
         yield
         return
+    if not _hooked():  # (an older transformers: its own switch, the process-wide variable)
+        yield from _by_environment()
+        return
+    token = _FORCED.set(True)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def _by_environment() -> Iterator[None]:
     before = os.environ.get(ENV)
     os.environ[ENV] = "1"
     try:
