@@ -118,7 +118,7 @@ def main(model_dir: str, out_dir: str) -> None:
 
 
 def strided_layout(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   packed: bool = False) -> torch.Tensor:
+                   kernel: str = "rowmajor") -> torch.Tensor:
     """The few-row layout's values returned as a strided view (last-dim stride 2), as its one-row
     calls returned them before the results were copied to row-major order: a sharded layer's
     collectives do not handle such a view."""

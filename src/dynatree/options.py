@@ -215,7 +215,7 @@ def _as_tuple(value: object) -> tuple[Any, ...] | None:
 #: HF's own ``generate`` runs), ``(W @ x.T).T`` copied back to row-major order, and oneDNN's product
 #: with weights packed once per tensor. Which one wins by row count is measured on the user's CPU
 #: (:mod:`dynatree.runtime.kernels.linear_plan`).
-KERNELS = ("linear", "rowmajor", "packed")
+KERNELS = ("linear", "rowmajor", "onednn", "packed")
 
 
 @dataclass(frozen=True)
@@ -266,8 +266,10 @@ class LinearPlan:
         return any(k == "packed" for _, k in self.bands)
 
     def without_packing(self) -> LinearPlan:
-        """The plan for a model whose weights may not be packed: row-major where it said packed."""
-        return LinearPlan(tuple((r, "rowmajor" if k == "packed" else k) for r, k in self.bands), self.why)
+        """The plan for a model whose weights may not be packed: oneDNN on the weights in place
+        where it said packed (the nearest kernel without a copy; row-major where oneDNN does not
+        take the model's dtype)."""
+        return LinearPlan(tuple((r, "onednn" if k == "packed" else k) for r, k in self.bands), self.why)
 
     def describe(self) -> str:
         """One line: ``1-3 rows F.linear, 4-64 packed`` (and where it came from)."""

@@ -129,9 +129,14 @@ CPU_LINEAR_MAX_ROWS = 64
 #: pass of 8 / 16 / 24 rows then cost 1.41 / 1.78 / 2.19 one-row steps instead of 1.81 / 2.45 /
 #: 3.04, 4 rows the same 1.29 (the 2-core EPYC); per matrix, 1-2 rows were slower packed.
 CPU_PACKED_MIN_ROWS = 4
-#: Packed copies double a model's weight memory, so only models of at most this many bytes of
-#: fp32 weights get them (the embedded pair: 0.54 GB + 0.04 GB).
-CPU_PACKED_MAX_BYTES = 2 * 1024**3
+#: Packed copies double a model's weight memory, so a model gets them only when its weights take
+#: at most ``CPU_PACKED_MEMORY_SHARE`` of the memory available when it is first run (and at most
+#: ``CPU_PACKED_MAX_BYTES``, the bound where the available memory cannot be read). The embedded
+#: pair (0.54 GB + 0.04 GB) always does; a Qwen2.5-1.5B-shaped fp32 model (6.2 GB) does on a 24 GB
+#: machine, where its packed 8-row verify reads the weights once and ``F.linear`` reads them
+#: almost four times (``benchmarks/cpu/kernels/``, the 2-core EPYC).
+CPU_PACKED_MAX_BYTES = 64 * 1024**3
+CPU_PACKED_MEMORY_SHARE = 0.5
 #: A batch's prompts are prefilled one by one (unpadded, causal attention without a mask) instead
 #: of in one call padded to the longest (a mask over every padded row), on CPU, when the padding
 #: exceeds ``BATCH_PREFILL_ROW_PADDING`` tokens per row or the longest prompt has at least

@@ -724,10 +724,10 @@ def test_a_batch_runs_the_few_row_kernels_and_equals_hf_batched_greedy(arch: str
     calls: list[tuple[str, int]] = []
     real = cpu_linear.small_batch_linear
 
-    def counted(x, weight, bias=None, packed=False):
+    def counted(x, weight, bias=None, kernel="rowmajor"):
         kind = "head" if weight is head else "body" if id(weight) in body else "draft"
         calls.append((kind, x.numel() // x.shape[-1]))
-        return real(x, weight, bias, packed=packed)
+        return real(x, weight, bias, kernel=kernel)
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", counted)
     ref = hf_batch(arch, LENGTHS, 0, N)

@@ -41,9 +41,9 @@ def test_mode_routes_only_few_row_cpu_inference_calls(monkeypatch: pytest.Monkey
     calls: list[int] = []
     real = cpu_linear.small_batch_linear
 
-    def counting(x, w, b=None, packed=False):
+    def counting(x, w, b=None, kernel="rowmajor"):
         calls.append(x.numel() // x.shape[-1])
-        return real(x, w, b, packed)
+        return real(x, w, b, kernel)
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", counting)
     lin = torch.nn.Linear(8, 4)
@@ -63,7 +63,7 @@ def test_engine_uses_the_layout_on_cpu_by_default_and_not_when_off(monkeypatch: 
     ids = torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(3))
     calls: list[int] = []
     real = cpu_linear.small_batch_linear
-    monkeypatch.setattr(cpu_linear, "small_batch_linear", lambda x, w, b=None, packed=False: calls.append(1) or real(x, w, b, packed))
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", lambda x, w, b=None, kernel="rowmajor": calls.append(1) or real(x, w, b, kernel))
     ref = hf_greedy(target, ids, 24, None)
     for engine in ("hf", "static"):
         calls.clear()
@@ -83,8 +83,8 @@ def test_a_broken_layout_is_caught_by_the_greedy_check(monkeypatch: pytest.Monke
     ids = torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(3))
     real = cpu_linear.small_batch_linear
 
-    def reversed_rows(x, w, b=None, packed=False):  # rows come back in reverse order: wrong for every tree of 2+ nodes
-        out = real(x, w, b, packed)
+    def reversed_rows(x, w, b=None, kernel="rowmajor"):  # rows come back in reverse order: wrong for every tree of 2+ nodes
+        out = real(x, w, b, kernel)
         return out.flip(-2) if out.dim() >= 2 and out.shape[-2] > 1 else out
 
     monkeypatch.setattr(cpu_linear, "small_batch_linear", reversed_rows)
@@ -180,7 +180,7 @@ def test_a_weight_made_in_inference_mode_is_never_packed_stale() -> None:
 
 
 @needs_packing
-def test_packing_only_for_fp32_models_within_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packing_only_for_onednn_dtypes_within_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model("llama", 0)
     assert CachedModel(model, vocab_size(model), cpu_linear=True).packed_linear
     assert not CachedModel(model, vocab_size(model), cpu_linear=False).packed_linear
@@ -188,7 +188,30 @@ def test_packing_only_for_fp32_models_within_the_memory_bound(monkeypatch: pytes
     assert not CachedModel(model, vocab_size(model), cpu_linear=True).packed_linear
     monkeypatch.undo()
     half = tiny_model("llama", 0).to(torch.bfloat16)
-    assert not CachedModel(half, vocab_size(half), cpu_linear=True).packed_linear
+    bf16 = torch.bfloat16 in cpu_linear.onednn_dtypes()  # (CPUs with bf16 instructions)
+    assert CachedModel(half, vocab_size(half), cpu_linear=True).packed_linear == bf16
+    fp16 = tiny_model("llama", 0).to(torch.float16)
+    assert not CachedModel(fp16, vocab_size(fp16), cpu_linear=True).packed_linear
+
+
+@needs_packing
+def test_packing_follows_the_memory_available_and_counts_copies_already_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy may take at most CPU_PACKED_MEMORY_SHARE of the memory available; once made, a
+    model's copies count as granted, so the decision does not flip on the next call because the
+    copies themselves took that memory (the plan would then be measured anew for every call)."""
+    model = tiny_model("llama", 0)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    share = tuning.CPU_PACKED_MEMORY_SHARE
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: int(size / share) + 1)
+    assert cpu_linear.packing_applies(model)
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: int(size / share) - 4096)
+    assert not cpu_linear.packing_applies(model)
+    for w in (m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)):
+        cpu_linear.packed_weight(w)  # (the copies now exist: they took that memory)
+    assert cpu_linear.packing_applies(model)
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: None)  # (unknown: the fixed cap)
+    assert cpu_linear.packing_applies(model)
+    cpu_linear.drop_packed(model.parameters())
 
 
 @needs_packing
@@ -202,10 +225,10 @@ def test_greedy_output_with_packed_weights_equals_hf_greedy(strategy: str) -> No
     seen: list[int] = []
     real = cpu_linear.small_batch_linear
 
-    def spy(x, w, b=None, packed=False):
-        if packed and x.numel() // x.shape[-1] >= tuning.CPU_PACKED_MIN_ROWS:
+    def spy(x, w, b=None, kernel="rowmajor"):
+        if kernel == "packed" and x.numel() // x.shape[-1] >= tuning.CPU_PACKED_MIN_ROWS:
             seen.append(1)
-        return real(x, w, b, packed)
+        return real(x, w, b, kernel)
 
     opts = {"linear": {"k": 6}, "dynatree": {"max_nodes": 12}, "dyspec": {"max_nodes": 12}}[strategy]
     with pytest.MonkeyPatch.context() as mp:

@@ -70,7 +70,8 @@ def test_plan_validation_and_description() -> None:
     assert plan.describe() == "1 row F.linear, 2-8 rows rowmajor, then F.linear (measured)"
     assert plan == LinearPlan(((1, "linear"), (8, "rowmajor")), "other origin")  # origin is not identity
     assert LinearPlan.from_json(plan.to_json()) == plan
-    assert plan.without_packing() == plan and fixed_plan().without_packing().bands == ((64, "rowmajor"),)
+    assert plan.without_packing() == plan
+    assert fixed_plan().without_packing().bands == ((3, "rowmajor"), (64, "onednn"))
 
 
 @pytest.fixture()
@@ -132,19 +133,19 @@ def test_measure_passes_over_the_models_own_weights_in_forward_order(monkeypatch
         calls.append(("linear", x.shape[0], id(w)))
         return x @ w.t()
 
-    def spy_layout(x, w, b=None, packed=False):
-        calls.append(("packed" if packed else "rowmajor", x.shape[0], id(w)))
+    def spy_layout(x, w, b=None, kernel="rowmajor"):
+        calls.append((kernel, x.shape[0], id(w)))
         return x @ w.t()
 
     monkeypatch.setattr(torch.nn.functional, "linear", spy_linear)
     monkeypatch.setattr(linear_plan, "small_batch_linear", spy_layout)
     ticks = iter(range(10**6))
-    out = linear_plan.measure(weights, ("linear", "rowmajor", "packed"), rows=(1, 4), reps=3,
+    out = linear_plan.measure(weights, ("linear", "rowmajor", "onednn", "packed"), rows=(1, 4), reps=3,
                               clock=lambda: float(next(ticks)))
-    assert set(out) == {1, 4} and all(set(v) == {"linear", "rowmajor", "packed"} for v in out.values())
+    assert set(out) == {1, 4} and all(set(v) == {"linear", "rowmajor", "onednn", "packed"} for v in out.values())
     ids = [id(w) for w in weights]
     passes = [calls[i: i + len(ids)] for i in range(0, len(calls), len(ids))]
-    assert len(passes) == 2 * 3 * (3 + 1)  # rows x kernels x (reps + the untimed first pass)
+    assert len(passes) == 2 * 4 * (3 + 1)  # rows x kernels x (reps + the untimed first pass)
     for p in passes:
         assert [c[2] for c in p] == ids and len({(c[0], c[1]) for c in p}) == 1
     assert out[4]["packed"] == 1.0  # (the fake clock ticks once per pass start and end)
@@ -185,21 +186,21 @@ def test_resolved_options_carry_the_measured_plan(measuring) -> None:
     assert resolve(EngineOptions(cpu_linear=False), target).linear_plan is None
 
 
-MIXED = LinearPlan(((1, "linear"), (3, "rowmajor"), (64, "packed")), "test: every kernel")
+MIXED = LinearPlan(((1, "linear"), (2, "rowmajor"), (3, "onednn"), (64, "packed")), "test: every kernel")
 
 
 @pytest.mark.parametrize("strategy", ["linear", "dynatree", "dyspec"])
-def test_a_plan_of_all_three_kernels_is_exact(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """F.linear for one row, the row-major layout for 2-3, packed weights from 4: greedy output
-    equals HF greedy, and every kernel ran."""
+def test_a_plan_of_all_four_kernels_is_exact(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F.linear for one row, the row-major layout for 2, oneDNN in place for 3, packed weights
+    from 4: greedy output equals HF greedy, and every kernel ran."""
     target, draft = llama_pair()
     ids = torch.tensor([[3, 17, 42, 8, 29, 11, 5]])
     seen: set[str] = set()
     real = cpu_linear.small_batch_linear
 
-    def spy(x, w, b=None, packed=False):
-        seen.add("packed" if packed else "rowmajor")
-        return real(x, w, b, packed)
+    def spy(x, w, b=None, kernel="rowmajor"):
+        seen.add(kernel)
+        return real(x, w, b, kernel)
 
     linear_calls = []
     real_kernel = LinearPlan.kernel
@@ -216,7 +217,7 @@ def test_a_plan_of_all_three_kernels_is_exact(strategy: str, monkeypatch: pytest
     out = dynatree.generate(target, draft, ids, strategy, max_new_tokens=24, options=options,
                             **({"max_nodes": 12} if strategy != "linear" else {"k": 2}), text=False)
     assert out.sequences.tolist() == hf_greedy(target, ids, 24).tolist()
-    assert seen == {"rowmajor", "packed"} and linear_calls and set(linear_calls) == {1}
+    assert seen == {"rowmajor", "onednn", "packed"} and linear_calls and set(linear_calls) == {1}
 
 
 def test_calls_the_plan_leaves_on_f_linear_run_without_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,21 @@ From ``CPU_PACKED_MIN_ROWS`` rows (4) the product uses weights pre-packed for on
 (``torch.ops.mkldnn``), the blocked layout oneDNN's own kernels read: for 8-24 rows it computes
 the linear layers in about 60% of the time of ``(W @ x.T).T``, so a verify pass of a 16-node
 tree costs 1.8 one-row steps instead of 2.5. A packed copy is made once per weight tensor (and
-again if the weight is changed in place), kept on the tensor itself, and only for fp32 models of
-at most ``CPU_PACKED_MAX_BYTES``: it doubles their weight memory. Like the layout, it changes
-results only by float summation order.
+again if the weight is changed in place), kept on the tensor itself, and only where a second copy
+of the weights fits (:func:`packing_applies`): it doubles their weight memory. Like the layout, it
+changes results only by float summation order.
+
+For models too big for a copy within that bound, and for bf16 models, the same oneDNN kernels
+read the weights in place (``"onednn"``: no copy, the weight's own row-major layout) or from a
+packed copy where memory allows one (:func:`packing_applies`: at most ``CPU_PACKED_MEMORY_SHARE`` of
+the memory available when the model is first run). On the 2-core EPYC, over the linear weights of
+a Qwen2.5-1.5B-shaped model (hidden 1536, MLP 8960; four layers, 0.75 GB fp32), ``F.linear`` cost
+1.9 / 3.7 / 3.6 / 3.7 / 4.3 passes of reading the weights for 1 / 2 / 4 / 8 / 16 rows, oneDNN on
+the plain weights 1.2 / 1.3 / 1.4 / 1.7 / 2.3 and on packed weights 1.3 / 1.5 / 0.7 / 1.0 / 1.5:
+a packed verify of 8 rows reads each weight once, where ``F.linear`` reads it almost four times
+(``benchmarks/cpu/kernels/``). In bf16, packed: 1.1 / 1.3 / 0.9 / 1.2 / 1.9, ``F.linear`` 2.3 /
+1.8 / 2.1 / 2.4 / 3.1. Which kernel a row count takes is measured per machine and model
+(:mod:`~dynatree.runtime.kernels.linear_plan`).
 
 It is applied through a :class:`~torch.overrides.TorchFunctionMode` around our own model calls,
 not by editing the user's model: every ``F.linear`` inside the ``with`` block (``nn.Linear`` uses
@@ -36,6 +48,7 @@ layout and ``cpu_linear=False`` is the plain path.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,20 +63,59 @@ from dynatree.tuning import CPU_LINEAR_MAX_ROWS as MAX_ROWS  # 64 (measured: dyn
 _PACKED_ATTR = "_dynatree_onednn_packed"
 
 
+@functools.cache
 def packing_available() -> bool:
-    """Whether this torch build has oneDNN's packed linear ops (CPU builds for x86 and ARM do)."""
+    """Whether this torch build has oneDNN's linear ops (CPU builds for x86 and ARM do)."""
     ops = torch.ops.mkldnn
     return torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise") \
         and hasattr(ops, "_reorder_linear_weight")
 
 
+@functools.cache
+def onednn_dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes oneDNN's kernels take here: fp32, and bf16 where the CPU has bf16
+    instructions (AVX-512 BF16 or AMX; elsewhere oneDNN would emulate them slowly)."""
+    if not packing_available():
+        return ()
+    bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return (torch.float32, torch.bfloat16) if bf16 is not None and bf16() else (torch.float32,)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation now (Linux's MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def packing_budget(already: int = 0) -> int:
+    """The most bytes of packed copies a model may hold: ``CPU_PACKED_MEMORY_SHARE`` of the memory
+    available now plus the ``already`` packed bytes it holds (so a model's copies, once made, do
+    not count against it), capped at ``CPU_PACKED_MAX_BYTES`` (the bound where the available memory
+    cannot be read)."""
+    free = available_memory()
+    cap = tuning.CPU_PACKED_MAX_BYTES
+    return cap if free is None else min(cap, int(tuning.CPU_PACKED_MEMORY_SHARE * (free + already)))
+
+
 def packing_applies(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s few-row layers of ``CPU_PACKED_MIN_ROWS``+ rows use packed weights:
-    an fp32 model small enough that a second copy of its weights is affordable."""
+    """Whether ``model``'s few-row layers may use packed weights: every parameter of one dtype
+    oneDNN takes here (:func:`onednn_dtypes`), none an inference tensor, and a second copy of
+    them within :func:`packing_budget`. A 1.5B-parameter fp32 model (6 GB) gets its copies on a
+    24 GB machine; a 7B bf16 model (14 GB) on a 32 GB one reads its weights in place instead."""
     params = list(model.parameters())
-    return bool(params) and packing_available() and all(p.dtype == torch.float32 for p in params) \
-        and not any(p.is_inference() for p in params) \
-        and sum(p.numel() * p.element_size() for p in params) <= tuning.CPU_PACKED_MAX_BYTES
+    if not params or params[0].dtype not in onednn_dtypes():
+        return False
+    if any(p.dtype != params[0].dtype or p.is_inference() for p in params):
+        return False
+    already = sum(hit[1].numel() * hit[1].element_size() for p in params
+                  if (hit := getattr(p, _PACKED_ATTR, None)) is not None)
+    return sum(p.numel() * p.element_size() for p in params) <= packing_budget(already)
 
 
 def drop_packed(weights: Iterable[torch.Tensor]) -> None:
@@ -86,21 +138,30 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                       packed: bool = False) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T``, or with ``packed`` by oneDNN
-    on the packed weight: same result up to rounding. Which one a call of so many rows takes is the
-    :class:`~dynatree.runtime.kernels.linear_plan.LinearPlan`'s decision.
+                       kernel: str = "rowmajor") -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by one of the few-row kernels, same result up to rounding:
 
-    A single row is duplicated (two-row product, first row kept): cheaper than the one-row kernels
-    on the CPU this layout was tuned on.
+    - ``"rowmajor"``: ``(weight @ x.T).T``; a single row is duplicated (two-row product, first row
+      kept), cheaper than the one-row kernels on the CPU this layout was tuned on;
+    - ``"onednn"``: oneDNN's product reading the weight as it is (no copy);
+    - ``"packed"``: oneDNN's product on a packed copy of the weight (:func:`packed_weight`).
+
+    A oneDNN kernel on a dtype oneDNN does not take here falls back to ``"rowmajor"``; ``"packed"``
+    on an inference-tensor weight reads it in place (``"onednn"``). Which kernel a call of so many rows takes is the
+    :class:`~dynatree.runtime.kernels.linear_plan.LinearPlan`'s decision.
     """
     rows = x.numel() // x.shape[-1]
     flat = x.reshape(rows, x.shape[-1])
+    onednn = kernel in ("onednn", "packed") and x.dtype == weight.dtype and weight.dtype in onednn_dtypes() \
+        and weight.is_contiguous() and (bias is None or bias.dtype == weight.dtype)
     # An inference tensor (a weight created under torch.inference_mode()) has no version counter, so
     # an in-place change to it (an RL loop copying new weights in) could not be told from the packed
-    # copy's: such weights keep the row-major layout, which reads the weight itself every call.
-    if packed and x.dtype == weight.dtype == torch.float32 and not weight.is_inference():
-        out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), packed_weight(weight), bias, "none", [], "")
+    # copy's: such weights are read as they are, every call.
+    if onednn and kernel == "packed" and weight.is_inference():
+        kernel = "onednn"
+    if onednn:
+        w = packed_weight(weight) if kernel == "packed" else weight
+        out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), w, bias, "none", [], "")
         return out.reshape(*x.shape[:-1], weight.shape[0])
     if rows == 1:  # a real copy: a stride-0 (expanded) operand would make torch.mm copy into the slow layout
         flat = torch.cat((flat, flat))
@@ -146,7 +207,7 @@ class SmallBatchLinear(TorchFunctionMode):
                 kernel = self.plan.kernel(x.numel() // x.shape[-1])
                 if kernel != "linear":
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                    # (never packed while compiling: a compiled graph keeps its own weights' layout)
+                    # (never oneDNN while compiling: a compiled graph keeps its own weights' layout)
                     return small_batch_linear(x, weight, bias,
-                                              packed=kernel == "packed" and not torch.compiler.is_compiling())
+                                              "rowmajor" if torch.compiler.is_compiling() else kernel)
         return func(*args, **kwargs)

@@ -9,14 +9,16 @@ BLAS, not of the algorithm: so the choice is measured here, at first use, by pas
 model's own weights as a step reads them (:func:`measure`: a few seconds), and cached on disk per
 CPU, library versions, threads, dtype and shapes.
 
-A :class:`~dynatree.options.LinearPlan` maps row counts to one of three kernels, all of which
+A :class:`~dynatree.options.LinearPlan` maps row counts to one of four kernels, all of which
 compute the same product up to float summation order (greedy exactness is unaffected and tested
 for each):
 
 - ``"linear"``: ``F.linear`` itself, what HF's own ``generate`` runs;
 - ``"rowmajor"``: ``(W @ x.T).T`` copied back to row-major order (one row padded to two);
-- ``"packed"``: oneDNN's product with weights packed once per tensor (fp32 models within
-  ``tuning.CPU_PACKED_MAX_BYTES`` only: the copy doubles their weight memory).
+- ``"onednn"``: oneDNN's product on the weights as they are (fp32, and bf16 on CPUs with bf16
+  instructions);
+- ``"packed"``: oneDNN's product with weights packed once per tensor (only where a second copy of
+  the weights fits in memory: ``cpu_linear.packing_applies``).
 
 :func:`choose` is pure (timings in, plan out), so the decision logic is tested with fake timings;
 only :func:`measure` touches a clock. The cache folder is ``$DYNATREE_CACHE_DIR/linear-plan`` or the
@@ -42,13 +44,13 @@ from typing import Any
 
 import torch
 
-from dynatree.runtime.kernels.cpu_linear import drop_packed, packing_applies, small_batch_linear
+from dynatree.runtime.kernels.cpu_linear import drop_packed, onednn_dtypes, packing_applies, small_batch_linear
 from dynatree.options import LinearPlan, fixed_plan
 
 #: Row counts timed: the one-row step, small trees, and the widest few-row call (``CPU_LINEAR_MAX_ROWS``).
 PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 ENV_SWITCH = "DYNATREE_LINEAR_PLAN"  # "measure" (default), "fixed" (cpu_linear=True's), "off" (F.linear)
-FORMAT = 2  # 2: timed over the model's own weights (1: one cached weight per shape)
+FORMAT = 3  # 3: oneDNN on the weights in place too, bf16 packed; 2: timed over the model's own weights
 #: A kernel other than ``F.linear`` is chosen for a row count only below this share of its time,
 #: so noise in a short measurement cannot pick a kernel that is in truth no faster.
 MARGIN = 0.9
@@ -134,7 +136,7 @@ def measure(weights: Sequence[torch.Tensor], kernels: Iterable[str], rows: Itera
             if kernel == "linear":
                 torch.nn.functional.linear(x, w)
             else:
-                small_batch_linear(x, w, packed=kernel == "packed")
+                small_batch_linear(x, w, kernel=kernel)
         return clock() - t0
 
     out: dict[int, dict[str, float]] = {}
@@ -214,7 +216,8 @@ def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None) -
     if plan is None:
         if log is not None:
             log("dynatree: timing the few-row linear kernels on this CPU (once per model shape and machine)...")
-        kernels = ("linear", "rowmajor", "packed") if packing else ("linear", "rowmajor")
+        kernels = ("linear", "rowmajor") + (("onednn",) if dtype in onednn_dtypes() else ()) \
+            + (("packed",) if packing else ())
         weights = linear_weights(model, MEASURE_BYTES)
         plan = choose(measure(weights, kernels), why=f"measured on {key['cpu'] or 'this CPU'}, "
                       f"{key['threads']} threads")
