@@ -11,7 +11,17 @@ keyword or an option that overrides it. No torch here: the CLI's ``--help`` read
 from __future__ import annotations
 
 # --------------------------------------------------------------------------- tree budgets
-#: DynaTree's drafted-node budget when ``max_nodes`` is None and no cost profile is measured.
+#: The node budget read off the target's measured verify-cost curve (``costmodel.node_budget``):
+#: the most drafted nodes whose verify costs at most this many one-row steps (the profile's 64
+#: cached tokens: a real prompt's longer context makes extra rows dearer). On the 2-core EPYC the
+#: curve of SmolLM2-135M (1 / 2 / 4 / 6 / 8 rows: 35 / 36 / 42 / 43 / 48 ms) gives 3 nodes, the
+#: hand-tuned budget below; 1.3 gave 6 there and ran the default 3% slower than 3 on Spec-Bench
+#: (1.51x against 1.55x our plain decoding, two interleaved runs; the text alone, which has no
+#: such budget, 1.60x and 1.56x). A Qwen2.5-1.5B-shaped model with oneDNN's packed kernels (8 rows
+#: 1.11, 16 rows 1.34 steps) gets 10.
+BUDGET_STEP_COST = 1.2
+#: The drafted-node budget when ``max_nodes`` is None and no cost profile is measured
+#: (``DYNATREE_COST_MODEL=off``), as it was tuned by hand.
 #: CPU: on the 2-core EPYC a verify of root + 3 nodes (4 rows) costs about one autoregressive
 #: step with the few-row linear layout, 5+ rows cost ~1.5x (BLAS switches kernels above 4 rows):
 #: 1.04x over compiled AR with 3 nodes against 0.85x with 4, same run. CUDA: on the H200 a compiled verify of a
@@ -213,11 +223,25 @@ TEXT_COST_CURVE: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
 TEXT_CALIBRATION_DECAY = 0.875
 
 # --------------------------------------------------------------------------- the back-off
-#: ``Backoff``: speculate while its measured rate is at least this share of plain decoding's; the
-#: plain rounds measured early; speculative rounds per verdict; the first pause, doubled after every
-#: losing probe up to the last (a pause's tokens reach the draft model in one call after it).
-BACKOFF_MARGIN = 0.97
+#: ``Backoff`` (``loop/backoff.py``): speculation must reach ``BACKOFF_MARGIN`` of plain decoding's
+#: rate; ``BACKOFF_PROBE_PLAIN`` plain rounds measure a plain step early; a verdict against
+#: speculation needs ``BACKOFF_MIN_ROUNDS`` rounds whose mean loss exceeds ``BACKOFF_Z`` standard
+#: errors (each round's loss at least ``BACKOFF_MIN_SD`` plain steps uncertain: the clock's noise),
+#: or ``BACKOFF_MAX_LOSS`` plain steps lost since the last verdict; pauses double from the first to
+#: the last (a pause's tokens reach the draft model in one call after it), and last at least the
+#: loss that began them over ``BACKOFF_PROBE_SHARE``. Chosen on a simulation
+#: of rounds (``benchmarks/backoff/simulate.py``: acceptance 0-0.7, depth 1-5, a round costing
+#: 1.05-2 plain steps, 5% clock noise, 200 runs each): against the faster of plain decoding and
+#: speculation, over 192 and 512 tokens, this rule loses at most 3.7% where speculation loses (the
+#: worst: a draft that never agrees, rounds of 2 plain steps, 192 tokens; 2.9% at 1.5 steps) and at
+#: most 2.2% where it wins; the moving-average rule before it (margin 0.97, verdicts after 4
+#: rounds, pauses 8-64) lost up to 10.9% and 7.6%.
+BACKOFF_MARGIN = 1.0
 BACKOFF_PROBE_PLAIN = 2
-BACKOFF_MIN_ROUNDS = 4
+BACKOFF_MIN_ROUNDS = 2
+BACKOFF_MAX_LOSS = 0.75
+BACKOFF_Z = 1.3
+BACKOFF_MIN_SD = 0.05
 BACKOFF_FIRST_PAUSE = 8
-BACKOFF_MAX_PAUSE = 64
+BACKOFF_MAX_PAUSE = 128
+BACKOFF_PROBE_SHARE = 0.05

@@ -195,7 +195,8 @@ def _run(pair, profile: CostProfile | None, **options):
     return dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=24, stopping=NO_EOS, text=False)
 
 
-def test_fake_profiles_move_the_tree_size_and_stay_exact(pair) -> None:
+def test_fake_profiles_move_the_tree_size_and_stay_exact(pair, monkeypatch) -> None:
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "trim")  # (the per-round cut)
     ar = dynatree.generate(pair[0], None, _ids(), "autoregressive", max_new_tokens=24, stopping=NO_EOS)
     wide, none = _run(pair, flat(32)), _run(pair, steep(32))
     drafted = lambda r: sum(x.drafted for x in r.stats.rounds) / r.stats.num_rounds
@@ -226,13 +227,13 @@ def test_engine_loads_cached_profile_without_measuring(pair, tmp_path, monkeypat
     monkeypatch.setattr(costmodel, "measure", fake_measure)
     policy = make_policy("dynatree", tau=0.0)
     first = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=8, stopping=NO_EOS, text=False)
-    assert measured == [11] and first.stats.cost_profile == steep(32)
+    assert measured == [len(costmodel.default_sizes("cpu", None))] and first.stats.cost_profile == steep(32)
     assert policy.cost_profile is None  # (the caller's policy is not changed: the run's copy is)
     assert len(list((tmp_path / "costmodel").glob("*.json"))) == 1
     again = make_policy("dynatree", tau=0.0)
     r = dynatree.generate(pair[0], pair[1], _ids(), again, max_new_tokens=8, stopping=NO_EOS, text=False)
-    assert measured == [11]  # second run: from disk
-    assert r.stats.cost_profile == steep(32) and sum(x.drafted for x in r.stats.rounds) <= 1
+    assert measured == [len(costmodel.default_sizes("cpu", None))]  # second run: from disk
+    assert r.stats.cost_profile == steep(32) and max(x.drafted for x in r.stats.rounds) <= 1  # (its budget)
 
 
 def test_switched_off_uses_fixed_budget(pair, monkeypatch) -> None:
@@ -275,3 +276,38 @@ def test_bench_records_budget_and_report_plots_profile(pair, tmp_path, monkeypat
     rep = build_report(tmp_path / "r.jsonl", tmp_path / "report")
     assert "Tree budget from the verify-cost profile" in rep.text
     assert any(f.name.startswith("cost-profile") and f.exists() for f in rep.figures)
+
+
+# ------------------------------------------------------------------ the budget read off the curve
+def test_node_budget_is_the_flat_part_of_the_curve() -> None:
+    """The most nodes whose verify costs at most step_cost one-row steps, interpolating between
+    measured sizes: curves shaped like those measured on the 2-core EPYC (SmolLM2-135M, and a
+    1.5B-parameter model with oneDNN's packed kernels) give 3 and 10 nodes at 1.2."""
+    smollm = CostProfile((1, 2, 4, 6, 8, 16, 32), (35.0, 36.0, 41.0, 44.0, 48.0, 56.0, 79.0))
+    qwen15 = CostProfile((1, 2, 4, 8, 16, 32), (253.0, 256.0, 249.0, 281.0, 339.0, 550.0))
+    assert costmodel.node_budget(smollm, step_cost=1.2) == 3  # 4 rows 1.17; 5 rows 1.21 (interpolated)
+    assert costmodel.node_budget(qwen15, step_cost=1.2) == 10  # 11 rows 1.20: 281 + 3/8 * 58 = 302.75 <= 303.6
+    assert costmodel.node_budget(qwen15, step_cost=1.3) == 13
+    assert costmodel.node_budget(flat(32)) == 31 and costmodel.node_budget(steep(32)) == 1
+
+
+@pytest.mark.parametrize("strategy", ["dynatree", "dyspec", "dyspec-threshold"])
+def test_every_budgeted_policy_reads_the_measured_curve(strategy: str, pair, monkeypatch) -> None:
+    """Measured by default (no trim): each policy's trees stay within the curve's budget, a flat
+    curve lets them grow past the hand-tuned CPU table (3 nodes), and a pinned max_nodes wins."""
+    from dynatree import SamplingConfig
+
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "measure")
+    sampled = strategy != "dynatree"
+    kw = dict(sampling=SamplingConfig(temperature=1.0), seed=0) if sampled else {}
+    options = {} if sampled else {"tau": 0.0}
+    sizes = {}
+    for name, profile in (("flat", flat(12)), ("steep", steep(32))):
+        policy = make_policy(strategy, **options)
+        assert policy.wants_cost_model()
+        policy.use_cost_model(profile)
+        r = dynatree.generate(pair[0], pair[1], _ids(), policy, max_new_tokens=24, stopping=NO_EOS, text=False, **kw)
+        sizes[name] = max(x.drafted for x in r.stats.rounds)
+    assert sizes["steep"] <= 1 < 3 < sizes["flat"] <= 11
+    pinned = make_policy(strategy, max_nodes=2, **options)
+    assert not pinned.wants_cost_model()

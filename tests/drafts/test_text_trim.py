@@ -367,15 +367,14 @@ def test_the_loop_hands_a_measured_profile_to_the_text_source(tmp_path, monkeypa
     target = tiny_model("llama", seed=1)
     ids = uncertain_prompt(seed=1)
     r = dynatree.generate(target, None, ids, max_new_tokens=16, stopping=NO_EOS)
-    assert measured == [11] and sum(x.drafted for x in r.stats.rounds) == 0
+    assert measured == [len(costmodel.default_sizes("cpu", None))] and sum(x.drafted for x in r.stats.rounds) == 0
     full = dynatree.generate(target, TextDraft(trim=False), ids, max_new_tokens=16, stopping=NO_EOS)
-    assert measured == [11]  # trim=False asks for no profile
+    assert measured == [len(costmodel.default_sizes("cpu", None))]  # trim=False asks for no profile
     assert sum(x.drafted for x in full.stats.rounds) > 0 and torch.equal(r.sequences, full.sequences)
     model = perturbed(target, noise=0.05)
     hybrid = {on: dynatree.generate(target, TextDraft(model=model, trim=on, confident=1e9), ids, max_new_tokens=16,
                                     stopping=NO_EOS) for on in (True, False)}
     drafted = {on: sum(x.drafted for x in h.stats.rounds) for on, h in hybrid.items()}
-    assert drafted[True] <= len(hybrid[True].stats.rounds) // 8 + 1  # the policy's one-node probes only
     assert drafted[False] > drafted[True] + 8  # uncut, the text still fills the (empty) model trees
     assert all(torch.equal(h.sequences, r.sequences) for h in hybrid.values())
 

@@ -38,11 +38,11 @@ def test_speculation_that_pays_is_never_paused() -> None:
     b = Backoff()
     decisions = run(b, [(3, 0.1)] * 50, plain=0.08)  # 30 tok/s against 12.5
     assert decisions[1:3] == [False, False]  # the plain reference, measured once early
-    assert decisions.count(False) == 2 and b.paused_rounds == 0
+    assert decisions.count(False) == 2 and b.paused_rounds == 0 and b.verdicts == 0
 
 
 def test_speculation_that_loses_pauses_with_doubling_pauses() -> None:
-    b = Backoff(first_pause=4, min_rounds=3, max_pause=16)
+    b = Backoff(first_pause=4, min_rounds=3, max_pause=16, probe_share=1.0)  # (the doubling alone)
     decisions = run(b, [(1, 0.1)] * 30, plain=0.08)  # 10 tok/s against 12.5
     plain_runs, n = [], 0
     for d in decisions[3:]:  # after the warm-up round and the two reference steps
@@ -55,18 +55,193 @@ def test_speculation_that_loses_pauses_with_doubling_pauses() -> None:
     assert b.paused_rounds >= 44
 
 
+def test_a_hopeless_round_is_judged_at_once_and_a_probe_costs_one_round() -> None:
+    """A round that loses max_loss plain steps by itself (one token in the time of two plain steps)
+    is a verdict without waiting for min_rounds: each probe of a hopeless draft costs one round.
+    (The run's first verdict allows twice the loss: two such rounds.)"""
+    b = Backoff(first_pause=4, max_pause=64)
+    decisions = run(b, [(1, 0.16)] * 7, plain=0.08)  # (the first: the warm-up round, not judged)
+    spec_runs = [len(r) for r in "".join("S" if d else "." for d in decisions[1:]).split(".") if r]
+    assert spec_runs == [2, 1, 1, 1, 1] and b.verdicts == 5
+
+
+def test_a_dear_round_buys_a_pause_long_enough_to_repay_it() -> None:
+    """A probe that loses 3 plain steps in one round (a draft nearly as dear as the target) buys a
+    pause of at least 3 / probe_share rounds, so probing costs at most that share of the run. (The
+    first verdict pauses first_pause rounds: the run's first rounds are not the workload's.)"""
+    b = Backoff(first_pause=4, probe_share=0.05)
+    decisions = run(b, [(1, 0.32)] * 4, plain=0.08)
+    pauses = [len(r) for r in "".join("S" if d else "." for d in decisions[3:]).split("S") if r]
+    assert b.verdicts == 3 and pauses[0] == 4 and pauses[1] >= 60
+
+
+def test_the_margin_is_a_share_of_plain_decodings_rate() -> None:
+    """margin=0.9: speculation at 94% of plain decoding's rate is kept; at margin 1 it is paused."""
+    rounds = [(1, 0.085)] * 12  # 11.8 tok/s against 12.5 plain
+    lenient, strict = Backoff(margin=0.9), Backoff(margin=1.0)
+    run(lenient, rounds, plain=0.08)
+    run(strict, rounds, plain=0.08)
+    assert lenient.verdicts == 0 and strict.verdicts >= 1
+
+
+def test_a_round_that_caught_up_is_not_judged() -> None:
+    """A round whose draft model ran over the prompt paid a cost of starting: the back-off counts
+    it but judges speculation by the rounds after it."""
+    b = Backoff()
+    for drafted, committed, seconds, judged in [(True, 1, 1.0, True), (False, 1, 0.08, True), (False, 1, 0.08, True),
+                                                (True, 1, 0.5, False), (True, 3, 0.1, True)]:
+        b.observe(drafted, committed, seconds, judged=judged)
+    assert b.verdicts == 0 and b.mean_loss is not None and b.mean_loss < 0
+    b.observe(True, 1, 0.5)  # the same round, judged: a loss of 5.25 steps
+    assert b.verdicts == 1
+
+
+@pytest.mark.parametrize("source", ["model", "hybrid"])
+def test_the_loop_does_not_judge_the_round_that_ran_the_drafts_prompt(source: str) -> None:
+    """The draft model's prefill waits for the first round that calls it; that round reaches the
+    back-off as not judged, every other round as judged."""
+    target = tiny_model("llama", seed=1)
+    model = perturbed(target, noise=0.05)
+    draft = model if source == "model" else TextDraft(model=model, confident=1e9)  # (the model drafts every round)
+    seen: list[tuple[bool, bool]] = []
+
+    class Logged(EveryOther):
+        def observe(self, drafted, committed, seconds, judged=True):
+            seen.append((drafted, judged))
+            super().observe(drafted, committed, seconds, judged)
+
+    generate(target, draft, repetitive(target.config.vocab_size), "dynatree", max_new_tokens=16, stopping=NO_EOS,
+             backoff=Logged(), text=False)
+    assert seen[0] == (True, False) and all(judged for _, judged in seen[1:]) and any(d for d, _ in seen[1:])
+
+
+def test_a_round_that_proposed_nothing_is_not_judged() -> None:
+    """A text source with no match drafts nothing: that round is a plain step plus a lookup, and
+    the back-off does not judge speculation by it (a steady small loss there paused a winning text
+    draft in its first rounds); the rounds that verified a tree are judged."""
+    target = tiny_model("llama", seed=1)
+    seen: list[tuple[bool, bool]] = []
+
+    class Logged(Backoff):
+        def observe(self, drafted, committed, seconds, judged=True):
+            seen.append((drafted, judged))
+            super().observe(drafted, committed, seconds, judged)
+
+    out = generate(target, None, repetitive(target.config.vocab_size), "dynatree", max_new_tokens=24,
+                   stopping=NO_EOS, backoff=Logged(probe_plain=1, max_loss=1e9, z=1e9))
+    empty = [r.drafted == 0 for r in out.stats.rounds][1:len(seen)]
+    drafted = [d for d, _ in seen][1:]
+    judged = [j for _, j in seen][1:]
+    assert any(empty) and not all(empty)
+    assert judged == [not (d and e) for d, e in zip(drafted, empty)]
+
+
+def test_a_slow_loser_is_caught_by_its_mean_and_an_unlucky_winner_is_not() -> None:
+    """A draft 10% slower than plain decoding loses only 0.1 step a round: the verdict comes from
+    its steady mean loss, after min_rounds. A winner whose rounds alternate between a loss and a
+    larger gain (1 token, then 4, in 0.1 s each against 0.08 a plain step) is never paused."""
+    slow = Backoff(min_rounds=2)
+    run(slow, [(1, 0.088)] * 3, plain=0.08)  # (the warm-up round and two judged)
+    assert slow.verdicts == 1
+    lucky = Backoff()
+    run(lucky, [(1, 0.1), (4, 0.1)] * 30, plain=0.08)
+    assert lucky.verdicts == 0
+
+
 def test_a_probe_that_pays_again_resets_the_pause() -> None:
-    b = Backoff(first_pause=4, min_rounds=2)
-    run(b, [(1, 0.1)] * 4, plain=0.08)  # losing: paused once
-    assert b.pause == 8
+    b = Backoff(first_pause=4, min_rounds=2, probe_share=1.0)
+    run(b, [(1, 0.1)] * 3, plain=0.08)  # the warm-up round, then two losing ones: paused once
+    assert b.verdicts == 1 and b.pause == 8
     run(b, [(4, 0.1)] * 6, plain=0.08)
-    assert b.pause == 4 and b.pause_left == 0
+    assert b.pause == 4 and b.pause_left == 0 and b.verdicts == 1
 
 
-@pytest.mark.parametrize("field,value", [("margin", 0), ("ema", 1.5), ("min_rounds", 0), ("first_pause", 2.5)])
+@pytest.mark.parametrize("field,value", [("margin", 0), ("ema", 1.5), ("min_rounds", 0), ("first_pause", 2.5),
+                                         ("max_loss", 0), ("z", -1), ("decay", 1.0)])
 def test_bad_settings_are_refused(field: str, value: float) -> None:
     with pytest.raises(DynaTreeError, match=field):
         Backoff(**{field: value})
+
+
+# ------------------------------------------------------------------- the loop on a modeled clock
+class ModeledClock:
+    """Time as a cost model says, in plain steps: a target call of ``q`` rows costs
+    ``1 + row_cost (q - 1)`` (0.02: a CPU whose few-row kernels read each weight once), a
+    draft-model call ``draft_cost``. The loop and the back-off read it instead of the wall clock, so
+    what they decide depends on the model only: the same on every machine."""
+
+    def __init__(self, draft_cost: float, row_cost: float) -> None:
+        self.draft_cost, self.row_cost, self.t = draft_cost, row_cost, 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def modeled(monkeypatch: pytest.MonkeyPatch, target: torch.nn.Module, draft_cost: float = 0.3,
+            row_cost: float = 0.02) -> ModeledClock:
+    from dynatree.loop import generate as loop
+    from dynatree.runtime.cache import CachedModel
+
+    clock = ModeledClock(draft_cost, row_cost)
+    call = CachedModel.call
+
+    def timed(kv, tokens, *args, **kwargs):
+        clock.t += 1.0 + clock.row_cost * (len(tokens) - 1) if kv.model is target else clock.draft_cost
+        return call(kv, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(CachedModel, "call", timed)
+    monkeypatch.setattr(loop, "sync_clock", lambda device: clock)
+    return clock
+
+
+def timed_run(clock: ModeledClock, *args, **kwargs):
+    start = clock.t
+    out = generate(*args, **kwargs)
+    return out, clock.t - start
+
+
+@pytest.mark.parametrize("guard,within", [(None, True), (Backoff(max_loss=1e9, z=1e9), False)],
+                         ids=["backoff", "mutant-never-pauses"])
+def test_a_draft_that_never_agrees_ends_within_3_percent_of_plain_decoding(guard, within, monkeypatch) -> None:
+    """A draft model unrelated to the target (another random model) never agrees with it, and its
+    rounds cost 1.3-1.9 plain steps: speculating in every round takes 1.5x plain decoding's time.
+    With the back-off, a 256-token run ends within 3% of plain decoding's time, the output exact.
+    The control, a back-off that never pauses, does not."""
+    target = tiny_model("llama", seed=1)
+    stranger = tiny_model("llama", seed=7)
+    ids = repetitive(target.config.vocab_size)
+    clock = modeled(monkeypatch, target)
+    n = 256
+    plain, t_plain = timed_run(clock, target, None, ids, "autoregressive", max_new_tokens=n, stopping=NO_EOS)
+    always, t_always = timed_run(clock, target, stranger, ids, "dynatree", max_new_tokens=n, stopping=NO_EOS,
+                                 backoff=False, text=False)
+    assert always.stats.mean_accepted < 0.05 and t_always > 1.4 * t_plain  # (speculation cannot pay here)
+    guarded, t_guarded = timed_run(clock, target, stranger, ids, "dynatree", max_new_tokens=n, stopping=NO_EOS,
+                                   backoff=guard if guard is not None else True, text=False)
+    assert torch.equal(guarded.sequences, plain.sequences)
+    assert (t_guarded <= 1.03 * t_plain) is within, (t_guarded / t_plain)
+
+
+@pytest.mark.parametrize("source", ["model", "text", "hybrid"])
+def test_every_draft_kind_is_guarded(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For each draft kind on a draft that pays, and on rounds made too dear to pay (a draft call
+    as dear as a target step; for the text alone, every verify row beyond the root 0.3 of a step),
+    the guarded run ends within 5% of the faster of plain decoding and speculating in every round."""
+    target = tiny_model("llama", seed=1)
+    model = perturbed(target, noise=0.05)
+    draft = {"model": model, "text": None, "hybrid": TextDraft(model=model)}[source]
+    ids = repetitive(target.config.vocab_size)
+    n = 192
+    dear = {"draft_cost": 1.0} if source != "text" else {"row_cost": 0.3}
+    for costs in ({}, dear):
+        clock = modeled(monkeypatch, target, **costs)
+        _, t_plain = timed_run(clock, target, None, ids, "autoregressive", max_new_tokens=n, stopping=NO_EOS)
+        _, t_always = timed_run(clock, target, draft, ids, "dynatree", max_new_tokens=n, stopping=NO_EOS,
+                                backoff=False, text=False)
+        _, t_guarded = timed_run(clock, target, draft, ids, "dynatree", max_new_tokens=n, stopping=NO_EOS,
+                                 backoff=True, text=False)
+        assert t_guarded <= 1.05 * min(t_plain, t_always), (costs, t_guarded, t_plain, t_always)
+        monkeypatch.undo()
 
 
 class EveryOther(Backoff):

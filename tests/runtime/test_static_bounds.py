@@ -63,12 +63,12 @@ def test_every_strategy_at_its_defaults_runs_on_small_buckets(pair, strategy: st
     assert max(drafted) <= CPU_BUCKETS[-1] - 1
 
 
-def test_dyspec_threshold_default_fills_the_largest_bucket(pair, monkeypatch) -> None:
-    """The probe of the report: at its default cap (768) the threshold variant grows trees larger
+def test_dyspec_threshold_at_the_papers_cap_fills_the_largest_bucket(pair, monkeypatch) -> None:
+    """The probe of the report: at the paper's cap (768) the threshold variant grows trees larger
     than any bucket; capped, its trees reach the largest bucket exactly (the cap binds)."""
     target, draft = pair
     ids = torch.tensor([[7, 3, 29, 30, 2]])
-    out = dynatree.generate(target, draft, ids, "dyspec-threshold", max_new_tokens=12, seed=1,
+    out = dynatree.generate(target, draft, ids, "dyspec-threshold", max_new_tokens=12, seed=1, max_nodes=768,
                             options=EngineOptions(engine="static", buckets=(1, 4, 16)), text=False)
     assert out.sequences.tolist() == hf_greedy(target, ids, 12).tolist()
     assert max(r.drafted for r in out.stats.rounds) == 15

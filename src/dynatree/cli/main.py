@@ -383,8 +383,12 @@ def main() -> None:  # pragma: no cover - console entry point
     sys.exit(app())
 
 
-# bench, sweep and report live in cli/bench.py; this module registers them.
+# bench, sweep and report live in cli/bench.py, costs and random-model in cli/costs.py; this module
+# registers them.
 from dynatree.cli import bench as _bench  # noqa: E402
+from dynatree.cli import costs as _costs  # noqa: E402
 
 for _command in (_bench.bench, _bench.sweep, _bench.report):
     app.command()(_command)
+app.command("costs")(_costs.costs)
+app.command("random-model")(_costs.random_model)

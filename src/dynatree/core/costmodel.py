@@ -17,9 +17,12 @@ i.e. expected committed tokens per millisecond. The core is a pure function, so 
 fake curves; only :func:`measure` touches a clock.
 
 Cache folder: ``$DYNATREE_CACHE_DIR/costmodel`` if the variable is set, else the platform's user
-cache dir (``platformdirs``). Profiling is opt-in: ``DYNATREE_COST_MODEL=on`` (otherwise policies
-use their fixed per-device budget, and the text source cuts its proposals against a default
-relative curve, ``tuning.TEXT_COST_CURVE``).
+cache dir (``platformdirs``). The profile is measured by default, once per model, engine and
+machine (announced on stderr; about 1 s for a 135M model and 10 s for a 1.5B one on two cores),
+and every size decision reads it: the policies' node budgets (:func:`node_budget`), the text
+source's cut, the hybrid's model gate. ``DYNATREE_COST_MODEL`` switches: ``off`` (the tables in
+:mod:`dynatree.tuning`, measured on one machine: the fallback), ``trim`` (also DynaTree's per-round
+Sequoia-style cut of each tree to the prefix that maximises expected tokens per ms).
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ ENV_SWITCH = "DYNATREE_COST_MODEL"
 #: A greedy batch's share costs: ``measure`` (default: timed on this machine at first use, cached)
 #: or ``table`` (``tuning.BATCH_SHARE_COST``, one machine's measurement)
 BATCH_ENV_SWITCH = "DYNATREE_BATCH_SHARES"
-FORMAT = 1
+FORMAT = 2  # 2: the fastest of the reps (1: their median)
 CONTEXT = 64  # cached tokens the profile's verify calls attend to (a short prompt)
+DRAFT_ROWS = 8  # the widest draft call timed (a level of a tree the budgets allow on a CPU)
 BATCH_CONTEXT = 128  # cached tokens per row before a batch's timed verify calls
 
 
@@ -227,11 +231,47 @@ def cache_dir() -> Path:
     return Path(root) / "costmodel"
 
 
+def mode() -> str:
+    """``DYNATREE_COST_MODEL``, read per call: ``measure`` (the default; ``on`` says the same),
+    ``trim`` or ``off``."""
+    value = os.environ.get(ENV_SWITCH, "measure").strip().lower()
+    value = {"on": "measure", "1": "measure", "true": "measure", "yes": "measure", "0": "off", "false": "off",
+             "no": "off"}.get(value, value)
+    if value not in ("measure", "trim", "off"):
+        raise DynaTreeError(f"{ENV_SWITCH} must be 'measure', 'trim' or 'off', got {value!r}")
+    return value
+
+
 def enabled() -> bool:
-    """Opt-in (``DYNATREE_COST_MODEL=on``) until the measured budget beats the fixed one: on the
-    2-core AMD EPYC VM it did not yet (1.43x vs 1.69x over autoregressive), nor on Spec-Bench on a
-    2-core Intel Sapphire Rapids (1.47x vs 1.49x over HF greedy)."""
-    return os.environ.get(ENV_SWITCH, "off").strip().lower() in ("on", "1", "true", "yes")
+    """Whether the target's verify cost is measured (on by default; ``DYNATREE_COST_MODEL=off``:
+    the tables of :mod:`dynatree.tuning`, measured on one machine, size every tree instead). A
+    budget tuned on one model and machine does not carry over: on a 2-core AMD EPYC a 4-row verify
+    cost 1.28 one-row steps of SmolLM2-135M and 0.99 of a 1.5B-parameter model, whose 16-row verify
+    cost 1.34 (``benchmarks/cpu/kernels/``)."""
+    return mode() != "off"
+
+
+def trims() -> bool:
+    """Whether DynaTree also cuts every tree to its best prefix by the profile (``trim``): a
+    Sequoia-style per-round choice from the draft's calibrated path probabilities. Not the default:
+    on the 2-core EPYC it lost to the budget alone (1.43x against 1.69x over autoregressive
+    decoding, and 1.47x against 1.49x over HF greedy on a 2-core Intel Sapphire Rapids)."""
+    return mode() == "trim"
+
+
+def node_budget(profile: CostProfile, step_cost: float | None = None) -> int:
+    """The most drafted nodes a tree may hold on this profile: the largest ``n`` whose verify of
+    ``n + 1`` rows costs at most ``step_cost`` (``tuning.BUDGET_STEP_COST``) one-row steps, at
+    least 1. Why a bound on the curve rather than a fixed count: the flat part of the curve is what
+    a tree may fill for free, and its length differs by 10x between machines and models (4 rows on
+    SmolLM2-135M on the 2-core EPYC, 14 on a 1.5B-parameter model there, over 30 on a GPU)."""
+    from dynatree import tuning
+
+    limit = (tuning.BUDGET_STEP_COST if step_cost is None else step_cost) * profile.cost(1)
+    n = 1
+    while n + 1 < profile.max_rows and profile.cost(n + 2) <= limit:
+        n += 1
+    return n
 
 
 def batch_shares_measured() -> bool:
@@ -300,7 +340,7 @@ def default_sizes(device: str, buckets: Sequence[int] | None) -> tuple[int, ...]
         return tuple(b for b in buckets if b <= top) or (min(buckets),)
     if device == "cuda":
         return (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    return (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+    return (1, 2, 4, 6, 8, 12, 16, 24, 32)
 
 
 def measure(kv: Any, sizes: Sequence[int], lazy_head: bool, reps: int = 3,
@@ -308,7 +348,10 @@ def measure(kv: Any, sizes: Sequence[int], lazy_head: bool, reps: int = 3,
     """Time a verify (the engine's own ``tree_forward``) of chains of ``sizes`` rows after a short
     context, one warm-up call per size (which also compiles a compiled engine's graphs) and
     ``reps`` timed rounds over all sizes, interleaved so a load change hits every size alike.
-    The median per size is kept. Leaves ``kv`` empty."""
+    The fastest time per size is kept: on a shared machine noise only ever adds time, and a profile
+    is measured once and read by every later run (a median of three once read a 135M model's
+    one-row step as 46 ms where it costs 36, which made its tree budget 15 nodes instead of 5).
+    Leaves ``kv`` empty."""
     from dynatree.core.tree import TreeBuilder
     from dynatree.core.verify import tree_forward
 
@@ -336,8 +379,8 @@ def measure(kv: Any, sizes: Sequence[int], lazy_head: bool, reps: int = 3,
         for n in sizes:
             times[n].append(once(n))
     _empty(kv)
-    return CostProfile(tuple(sizes), tuple(1e3 * statistics.median(times[n]) for n in sizes),
-                       stepwise=kv.engine == "static", meta={"reps": reps, "context": CONTEXT,
+    return CostProfile(tuple(sizes), tuple(1e3 * min(times[n]) for n in sizes),
+                       stepwise=kv.engine == "static", meta={"reps": reps, "context": CONTEXT, "statistic": "min",
                                                              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
@@ -413,9 +456,10 @@ def share_profile_for(new_kv: Callable[[], Any], model: torch.nn.Module, rows: i
     return cached(key, fresh)
 
 
-def cached(key: dict[str, Any], fresh: Callable[[], CostProfile]) -> CostProfile:
-    """The profile saved for ``key``, else ``fresh()`` measured now and saved for next time."""
-    profile = load(key)
+def cached(key: dict[str, Any], fresh: Callable[[], CostProfile], refresh: bool = False) -> CostProfile:
+    """The profile saved for ``key``, else (or with ``refresh``) ``fresh()`` measured now and saved
+    for next time."""
+    profile = None if refresh else load(key)
     if profile is None:
         profile = fresh()
         try:
@@ -427,18 +471,24 @@ def cached(key: dict[str, Any], fresh: Callable[[], CostProfile]) -> CostProfile
 
 def profile_for(kv: Any, model: torch.nn.Module, engine: str, compile: bool | str, lazy_head: bool,
                 buckets: Sequence[int] | None = None, cpu_linear: Any = None,
-                log: Callable[[str], None] | None = None) -> CostProfile | None:
+                log: Callable[[str], None] | None = None, role: str = "target",
+                refresh: bool = False) -> CostProfile | None:
     """The cached profile of this (model, device, dtype, threads, engine) or a fresh measurement
-    (saved for next time); None when profiling is switched off."""
+    (saved for next time; ``refresh``: measured again whatever is cached, e.g. after one measured
+    while the machine was busy); None when profiling is switched off. ``role="draft"`` times a draft
+    model's calls the same way (its logits for every row: what a draft level call computes)."""
     if not enabled():
         return None
     key = profile_key(model, engine, compile, {"lazy_head": lazy_head, "buckets": list(buckets) if buckets else None,
-                                               "cpu_linear": cpu_linear})
+                                               "cpu_linear": cpu_linear, **({"role": role} if role != "target" else {})})
 
     def fresh() -> CostProfile:
         if log is not None:
-            log("dynatree: measuring the target's verify cost per tree size (once for this model and machine)...")
+            what = "the target's verify cost per tree size" if role == "target" else "the draft model's cost per call"
+            log(f"dynatree: measuring {what} (once for this model and machine)...")
         sizes = default_sizes(kv.device.type, getattr(kv, "buckets", None) if kv.engine == "static" else None)
+        if role != "target":
+            sizes = tuple(n for n in sizes if n <= DRAFT_ROWS) or sizes[:1]
         return measure(kv, sizes, lazy_head)
 
-    return cached(key, fresh)
+    return cached(key, fresh, refresh)

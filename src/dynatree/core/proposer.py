@@ -242,6 +242,11 @@ class Proposer(ABC):
     #: with :attr:`wants_features`: the target's decoder layers whose outputs make the features,
     #: concatenated (EAGLE-3's fused layers); empty = the target's final hidden states
     feature_layers: tuple[int, ...] = ()
+    #: whether this round's drafting ran a draft model over the prompt (its prefill waits for the
+    #: first round that drafts): a cost paid once per request, which the back-off does not judge
+    #: speculation by. (The tokens of a pause, which a draft catches up on when it resumes, are
+    #: judged: that is what pausing and probing cost.)
+    catching_up: bool = False
 
     # ------------------------------------------- setup: asked once, by the registry's open_proposer
     @classmethod

@@ -6,6 +6,12 @@ tree (its policy decides the shape) and the text's proposal is merged into it un
 sharing the nodes the two agree on, cut by the same verify-cost rule as the text alone
 (:func:`trim_merged`). Text nodes are never attached below a node whose children were *sampled*
 (DySpec), which verification reads as all drawn from one distribution.
+
+Where the text is unsure the model drafts only while it earns its calls (:class:`ModelGate`): a
+round's model part costs its draft calls plus the verify rows it added, priced by the measured cost
+curves of the draft (one call of a few rows) and the target (a verify of so many rows), in
+one-row target steps (:func:`model_cost`). A draft a third of the target's size costs about a
+third of a step a call; the embedded pair's 2-layer draft about a fifth.
 """
 
 from __future__ import annotations
@@ -50,11 +56,14 @@ class HybridProposer(Proposer):
     @classmethod
     def open(cls, draft: Any, context: RunContext) -> "HybridProposer":
         model = FeatureProposer if FeatureProposer.accepts(draft.model) else ModelProposer  # the model part's own proposer
-        return cls(draft, model.open(draft.model, context), text_cost(draft, context))
+        part = model.open(draft.model, context)
+        return cls(draft, part, text_cost(draft, context), gate_costs(draft, part, context))
 
-    def __init__(self, config: TextDraft, model: ModelProposer, cost: CostProfile | None = None) -> None:
+    def __init__(self, config: TextDraft, model: ModelProposer, cost: CostProfile | None = None,
+                 gate_cost: tuple[CostProfile, CostProfile] | None = None) -> None:
         self.config, self.model = config, model
         self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
+        self.gate_cost = gate_cost  # (the target's, the draft's) measured costs; None: min_gain a call
         self.wants_features = model.wants_features  # type: ignore[misc]
         self.feature_layers = model.feature_layers
         self.text = config.index()
@@ -67,6 +76,10 @@ class HybridProposer(Proposer):
     @property
     def calls(self) -> int:
         return self.model.calls if self._called else 0
+
+    @property
+    def catching_up(self) -> bool:  # type: ignore[override]
+        return self._called and self.model.catching_up
 
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
         self.text.start(list(prompt))
@@ -101,7 +114,11 @@ class HybridProposer(Proposer):
         if self._proposal is not None and self.cost is not None:
             self.acceptance.learn(self._proposal, tokens)  # (the committed tokens are the target's, whoever drafted)
         if self._called and self._merged is not None:  # what the model added beyond the text's nodes
-            self.gate.observe(max(0, len(outcome.accepted) - self._merged.matched(tokens)))
+            cost = None
+            if self.gate_cost is not None:
+                text_rows = 1 + min(len(self._merged.tokens), outcome.tree.num_drafted)
+                cost = model_cost(*self.gate_cost, self.model.calls, outcome.tree.size, text_rows)
+            self.gate.observe(max(0, len(outcome.accepted) - self._merged.matched(tokens)), cost)
         self._proposal = self._merged = None
         self.text.commit(tokens)
         self.model.observe(outcome)
@@ -112,6 +129,34 @@ class HybridProposer(Proposer):
 
     def state(self) -> dict[str, float]:
         return self.model.state()
+
+
+def model_cost(target: CostProfile, draft: CostProfile, calls: int, rows: int, text_rows: int) -> float:
+    """What a round's model part cost, in one-row target steps: ``calls`` draft calls (priced at a
+    two-row call: a level of a small tree) and the verify rows the model added to the text's
+    (``rows`` against ``text_rows``, root included)."""
+    step = target.cost(1)
+    return (calls * draft.cost(2) + max(target.cost(rows) - target.cost(text_rows), 0.0)) / step
+
+
+def gate_costs(draft: TextDraft, part: Proposer, context: RunContext) -> tuple[CostProfile, CostProfile] | None:
+    """The measured (target, draft) cost curves the gate prices the model's calls by, or None (the
+    cost model off, a batch's shared draft cache, a feature draft whose calls need the target's
+    features, or the gate switched off): the gate then counts ``model_min_gain`` tokens a call."""
+    from dynatree.core.costmodel import profile_for
+    from dynatree.runtime.engines import notice
+
+    kv = getattr(part, "kv", None)
+    if draft.model_min_gain == 0 or context.draft_kv is not None or not isinstance(part, ModelProposer) \
+            or isinstance(part, FeatureProposer) or kv is None or kv.length:
+        return None
+    target = context.cost_profile()
+    if target is None:
+        return None
+    o = context.options
+    cost = profile_for(kv, draft.model, part.draft_engine(o), o.compile, False, o.buckets,
+                       o.linear_plan.bands if o.linear_plan else False, log=notice, role="draft")
+    return None if cost is None else (target, cost)
 
 
 def merge(builder: TreeBuilder, proposal: Proposal, max_rows: int | None = None) -> int:

@@ -63,6 +63,7 @@ class ModelProposer(Proposer):
         self._calls0 = 0
         self._base = 0  # cache rows belonging to committed tokens (incl. pending) this round
         self._slot: dict[int, int] = {}  # tree node -> cache row, for expanded drafted nodes
+        self.catching_up = False
 
     @property
     def calls(self) -> int:
@@ -123,6 +124,7 @@ class ModelProposer(Proposer):
         """:meth:`begin_round` as steps."""
         self._builder = builder
         self._slot = {}
+        self.catching_up = self._prompt is not None
         if self._prompt is not None:  # (the prefill waited for this first drafting round)
             self._root_logits = yield DraftCall.prompt(self.kv, self._prompt)
             self._prompt = None

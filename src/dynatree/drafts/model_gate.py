@@ -4,8 +4,9 @@ The text decides first: where its proposal is confident the model sits the round
 (``TextDraft.confident``). Where the text is unsure, the model is called only while it *earns* its
 calls: each call's gain is the number of tokens the round had accepted beyond what the text's own
 nodes would have had accepted (the text proposal walked down the committed tokens), and the model
-keeps drafting while the mean gain of its recent calls is at least ``min_gain`` tokens, the cost of
-a call (its draft forwards and the verify rows it adds) in tokens of a plain step.
+keeps drafting while the gains of its recent calls are at least what they cost: the call's draft
+forwards and the verify rows it added, in plain steps, read off the measured cost curves of the
+draft and the target (``drafts.hybrid``); where none is measured, ``min_gain`` tokens a call.
 
 Why: a draft model trained on prose gains ~0.1 token a call on chat and math answers, where it
 costs about 0.3 of a step on the CPU, so calling it there made the hybrid slower than the text
@@ -37,6 +38,7 @@ class ModelGate:
     first_pause: int = tuning.BACKOFF_FIRST_PAUSE
     max_pause: int = tuning.BACKOFF_MAX_PAUSE
     gain: float = field(default=0.0, init=False)  # decayed sum of gains since the last verdict
+    cost: float = field(default=0.0, init=False)  # decayed sum of the calls' costs since the last verdict
     weight: float = field(default=0.0, init=False)  # decayed count of calls since the last verdict
     calls: int = field(default=0, init=False)  # calls since the last verdict
     pause_left: int = field(default=0, init=False)
@@ -66,17 +68,19 @@ class ModelGate:
             return False
         return True
 
-    def observe(self, gain: float) -> None:
-        """A round the model drafted in: ``gain`` tokens accepted beyond the text's own nodes."""
+    def observe(self, gain: float, cost: float | None = None) -> None:
+        """A round the model drafted in: ``gain`` tokens accepted beyond the text's own nodes, at
+        ``cost`` plain steps (None: ``min_gain``, the cost tuned on one machine)."""
         self.gain = self.decay * self.gain + gain
+        self.cost = self.decay * self.cost + (self.min_gain if cost is None else cost)
         self.weight = self.decay * self.weight + 1.0
         self.calls += 1
         if self.calls < self.min_calls:
             return
-        if self.gain >= self.min_gain * self.weight:  # the mean gain, without dividing
+        if self.gain >= self.cost:  # the mean gain at least the mean cost, without dividing
             self.pause = self.first_pause  # earned: the next loss pauses briefly again
             return
         self.pause_left = self.pause  # lost: sit out, then probe afresh
         self.pause = min(2 * self.pause, self.max_pause)
-        self.gain = self.weight = 0.0
+        self.gain = self.cost = self.weight = 0.0
         self.calls = 0

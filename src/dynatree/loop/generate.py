@@ -386,7 +386,12 @@ def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: 
             )
         )
         if backoff is not None and builder.depth_limit > 0:  # (the last token is always plain: not its choice)
-            backoff.observe(drafting, len(new), t3 - t0)
+            # (not judged: a round whose draft model ran over the prompt, which paid a cost of
+            #  starting, not of speculating; and a round whose proposer proposed nothing, which was
+            #  a plain step plus a lookup: a text index without a match judged as a loser paused a
+            #  winning text draft after its first rounds)
+            judged = not (drafting and (proposer.catching_up or tree.num_drafted == 0))
+            backoff.observe(drafting, len(new), t3 - t0, judged=judged)
         if on_round is not None:
             on_round(RoundEvent(new, tree, path, bonus, stats.rounds[-1]))
         if new[-1] in stop or hit:

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import torch
 
+from dynatree.core import costmodel
 from dynatree.core.costmodel import choose_budget
 from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.tree import TreeBuilder
@@ -83,8 +84,8 @@ class DynaTreeConfig:
         check(self.eta_h >= 0.0, "eta_h", ">= 0", self.eta_h)
 
 
-# Node budget when max_nodes is None and no cost profile is available (profiling is opt-in with
-# DYNATREE_COST_MODEL=on; never under StreamingLLM eviction): measured per device, see dynatree.tuning.
+# Node budget when max_nodes is None and no cost profile is available (DYNATREE_COST_MODEL=off, or
+# StreamingLLM eviction): tuned by hand per device, see dynatree.tuning.
 from dynatree.tuning import DEFAULT_MAX_NODES  # noqa: E402
 
 
@@ -108,6 +109,7 @@ class DynaTree(DraftPolicy):
         self._expected = 0.0  # raw expected accepted nodes of the last tree (sum of path probabilities)
         self._nodes = 0
         self._empty = 0  # consecutive rounds verified without a drafted node
+        self._trims = costmodel.trims()  # (read once per generation: DYNATREE_COST_MODEL=trim)
 
     # ---------------------------------------------------------------------------- cost model
     def wants_cost_model(self) -> bool:
@@ -152,7 +154,8 @@ class DynaTree(DraftPolicy):
         if cfg.max_nodes is not None:
             return cfg.max_nodes
         if self.cost_profile is not None:
-            return max(1, self.cost_profile.max_rows - 1)
+            # with the per-round cut, the whole measured curve (the cut decides); else its flat part
+            return max(1, self.cost_profile.max_rows - 1) if self._trims else costmodel.node_budget(self.cost_profile)
         return DEFAULT_MAX_NODES.get(device, DEFAULT_MAX_NODES["cuda"])
 
     # ------------------------------------------------------------------------------ drafting
@@ -179,7 +182,7 @@ class DynaTree(DraftPolicy):
     def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         cfg = self.config
         budget = tree.cap(self._budget(root_logits.device.type))  # (the engine's largest verify call)
-        costed = cfg.max_nodes is None and self.cost_profile is not None
+        costed = cfg.max_nodes is None and self.cost_profile is not None and self._trims
         logp = torch.log_softmax(root_logits, -1)
         root_b = self.breadth(float(logp.max().exp())) if cfg.root_branching else 1
         frontier = add_top_children(tree, 0, logp, root_b, budget)
@@ -224,5 +227,8 @@ class DynaTree(DraftPolicy):
     def state(self) -> dict[str, float]:
         out = {"d0": self.d0, "tau_h": self.tau_h, "tau_l": self.tau_l}
         if self.config.max_nodes is None and self.cost_profile is not None:
-            out.update(budget=float(self._nodes), calibration=self.calibration())
+            if self._trims:  # the per-round cut's choice
+                out.update(budget=float(self._nodes), calibration=self.calibration())
+            else:  # the budget read off the curve
+                out.update(budget=float(costmodel.node_budget(self.cost_profile)))
         return out

@@ -49,19 +49,24 @@ from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.sampling import DraftSampler, without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
+from dynatree.core.costmodel import node_budget
 from dynatree.policies.base import DraftPolicy
+from dynatree.tuning import DEFAULT_MAX_NODES
 
 
 @dataclass(frozen=True)
 class DySpecConfig:
-    """max_nodes: drafted-node budget m (the paper's "guess length": 64, or 768 with offloading);
-    mode: ``"batch"`` (shared draft calls, same tree) or ``"per_node"`` (one call per expanded node)."""
+    """max_nodes: drafted-node budget m (the paper's "guess length": 64, or 768 with offloading;
+    None: read off the target's measured verify-cost curve, :func:`~dynatree.core.costmodel.node_budget`,
+    the paper's 64 on a GPU without one); mode: ``"batch"`` (shared draft calls, same tree) or
+    ``"per_node"`` (one call per expanded node)."""
 
-    max_nodes: int = 64
+    max_nodes: int | None = None
     mode: Literal["batch", "per_node"] = "batch"
 
     def __post_init__(self) -> None:
-        check(isinstance(self.max_nodes, int) and 1 <= self.max_nodes <= 4096, "max_nodes", "an integer in [1, 4096]", self.max_nodes)
+        check(self.max_nodes is None or (isinstance(self.max_nodes, int) and 1 <= self.max_nodes <= 4096),
+              "max_nodes", "None (from the measured cost) or an integer in [1, 4096]", self.max_nodes)
         check(self.mode in ("batch", "per_node"), "mode", "'batch' or 'per_node'", self.mode)
 
 
@@ -85,7 +90,19 @@ class SampledTreePolicy(DraftPolicy):
     def max_depth(self) -> int:
         # A sampled tree's depth is bounded only by its node budget (a peaked draft makes a chain of
         # max_nodes); the loop's position check takes the run's max_new_tokens when that is smaller.
-        return self.config.max_nodes
+        return self.config.max_nodes if self.config.max_nodes is not None else 4096
+
+    def wants_cost_model(self) -> bool:
+        return self.config.max_nodes is None and self.cost_profile is None
+
+    def budget(self, device: str) -> int:
+        """The drafted-node budget: ``max_nodes``, else read off the measured verify-cost curve,
+        else the per-device table (``tuning.DEFAULT_MAX_NODES``: 64 on a GPU, the paper's)."""
+        if self.config.max_nodes is not None:
+            return self.config.max_nodes
+        if self.cost_profile is not None:
+            return node_budget(self.cost_profile)
+        return DEFAULT_MAX_NODES.get(device, DEFAULT_MAX_NODES["cuda"])
 
     def _start(self, drafter: LevelDrafter) -> DraftSampler:
         sampler = getattr(drafter, "sampler", None)
@@ -113,7 +130,7 @@ class DySpec(SampledTreePolicy):
 
     def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         sampler = self._start(drafter)
-        budget = tree.cap(self.config.max_nodes)  # (the engine's largest verify call may be smaller)
+        budget = tree.cap(self.budget(root_logits.device.type))  # (the engine's largest verify call may be smaller)
         dist: dict[int, torch.Tensor] = {0: sampler.probs(root_logits)}  # node -> its draft distribution
         order = itertools.count()  # FIFO among equal values
         # (-value, order, node, residual); residual None = the node's first sampling, from dist[node]

@@ -34,14 +34,16 @@ from dynatree.policies.dyspec import SampledTreePolicy
 @dataclass(frozen=True)
 class DySpecThresholdConfig:
     """threshold: minimum value t of a sampling (paper: 0.001, "typically around 1/n");
-    max_nodes: drafted-node cap (paper: 768)."""
+    max_nodes: drafted-node cap (paper: 768; None: read off the target's measured verify-cost
+    curve, as DySpec's budget)."""
 
     threshold: float = 0.001
-    max_nodes: int = 768
+    max_nodes: int | None = None
 
     def __post_init__(self) -> None:
         check(0.0 < self.threshold <= 1.0, "threshold", "in (0, 1]", self.threshold)
-        check(isinstance(self.max_nodes, int) and 1 <= self.max_nodes <= 4096, "max_nodes", "an integer in [1, 4096]", self.max_nodes)
+        check(self.max_nodes is None or (isinstance(self.max_nodes, int) and 1 <= self.max_nodes <= 4096),
+              "max_nodes", "None (from the measured cost) or an integer in [1, 4096]", self.max_nodes)
 
 
 class DySpecThreshold(SampledTreePolicy):
@@ -50,7 +52,7 @@ class DySpecThreshold(SampledTreePolicy):
 
     def grow(self, tree: TreeBuilder, drafter: LevelDrafter, root_logits: torch.Tensor) -> Levels:
         sampler = self._start(drafter)
-        t, cap = self.config.threshold, tree.cap(self.config.max_nodes)  # (and the engine's largest call)
+        t, cap = self.config.threshold, tree.cap(self.budget(root_logits.device.type))  # (and the engine's largest call)
         leaves: list[tuple[int, float]] = [(0, 1.0)]  # (node, value) of the current layer
         while leaves and len(tree) - 1 < cap:
             # Each expanded leaf adds at least one child, so leaves past the remaining room are not run.

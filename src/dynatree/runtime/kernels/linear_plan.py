@@ -188,8 +188,9 @@ def _path(key: Mapping[str, Any]) -> Path:
 _DECIDED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, int, torch.dtype], LinearPlan]] = weakref.WeakKeyDictionary()
 
 
-def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None) -> LinearPlan:
-    """The plan for ``model`` on this machine: cached on disk, else measured now (and saved).
+def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None, refresh: bool = False) -> LinearPlan:
+    """The plan for ``model`` on this machine: cached on disk, else (or with ``refresh``) measured
+    now (and saved).
 
     ``DYNATREE_LINEAR_PLAN`` (read per call) pins it instead: ``fixed`` (the EPYC-tuned layout) or
     ``off`` (``F.linear`` everywhere)."""
@@ -202,7 +203,7 @@ def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None) -
     # keeps the old plan: a plan only picks among kernels that compute the same product.
     quick = (pinned, torch.get_num_threads(), dtype)
     hit = _DECIDED.get(model)
-    if hit is not None and hit[0] == quick:
+    if hit is not None and hit[0] == quick and not refresh:
         return hit[1]
     packing = packing_applies(model)
     if pinned == "fixed":
@@ -212,7 +213,7 @@ def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None) -
     if not shapes:
         return LinearPlan((), "no linear layers")
     key = plan_key(shapes, dtype, packing)
-    plan = load(key)
+    plan = None if refresh else load(key)
     if plan is None:
         if log is not None:
             log("dynatree: timing the few-row linear kernels on this CPU (once per model shape and machine)...")

@@ -1,0 +1,60 @@
+"""``dynatree costs`` (what a model costs on this machine, and the budgets the defaults take) and
+``dynatree random-model`` (a random-weight model of a real model's shape, to see those costs for a
+model whose weights you do not have here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dynatree.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from dynatree.cli.common import friendly_errors, set_threads
+
+Opt = typer.Option
+
+
+@friendly_errors
+def costs(
+    target: Annotated[str, Opt(help="Preset, model folder (e.g. one `dynatree random-model` wrote), hub id or .gguf file.")] = DEFAULT_TARGET,
+    draft: Annotated[str, Opt(help=f"A draft model to price too ('default': {DEFAULT_DRAFT}; 'none': the target alone).")] = "none",
+    dtype: Annotated[str, Opt(help="float32 | bfloat16")] = "float32",
+    threads: Annotated[int | None, Opt(help="torch CPU threads (what your runs will use).")] = None,
+    fresh: Annotated[bool, Opt("--fresh", help="Measure again and replace what is cached (e.g. a profile measured "
+                                               "while the machine was busy).")] = False,
+) -> None:
+    """What TARGET costs on this machine's CPU: the linear kernels per row count, the verify cost by
+    tree size against one read of the weights, and the tree budget and draft-call price the
+    defaults read off it (measured once per model and machine, then read from the cache)."""
+    set_threads(threads)
+    from dynatree.bench.costs import describe, measure_costs
+    from dynatree.loading.models import load_model, parse_dtype, resolve_draft
+    from dynatree.runtime.engines import notice
+
+    model, tok = load_model(target, dtype=parse_dtype(dtype))
+    dmodel = None
+    if draft != "none":
+        dmodel = resolve_draft(DEFAULT_DRAFT if draft == "default" else draft, model, dtype=parse_dtype(dtype), tokenizer=tok)
+    typer.echo(describe(measure_costs(model, dmodel, log=notice, refresh=fresh)))
+
+
+@friendly_errors
+def random_model(
+    out: Annotated[Path, typer.Argument(help="Folder to write the model (config, weights, tokenizer) to.")],
+    like: Annotated[str, Opt(help="A shape: qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-3b | qwen2.5-7b | llama-3.2-1b | "
+                                  "llama-3.2-3b | llama-3.1-8b, or a config.json file.")] = "qwen2.5-1.5b",
+    tokenizer: Annotated[str, Opt(help="The tokenizer to save with it (its prompts' ids must fit the shape's vocabulary).")] = DEFAULT_TARGET,
+    dtype: Annotated[str, Opt(help="float32 | bfloat16")] = "float32",
+) -> None:
+    """Write a model of a real model's shape with random weights: its costs (`dynatree costs
+    --target OUT`, `dynatree bench --target OUT`) are the real model's, its text is noise."""
+    from dynatree.bench.shapes import save_random_model, shape_config
+    from dynatree.loading.models import load_tokenizer, parse_dtype
+
+    config = shape_config(like)  # (an unknown shape is refused before anything is built)
+    tok = load_tokenizer(tokenizer)
+    folder = save_random_model(like, out, tok, parse_dtype(dtype))
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    typer.echo(f"{folder}: a {config.model_type} model shaped like {like}, random weights ({size / 1e9:.2f} GB), "
+               f"tokenizer of {tokenizer}")
