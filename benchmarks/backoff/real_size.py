@@ -8,7 +8,8 @@ tokenizer, whose ids fit the shape's vocabulary), interleaved per prompt: our pl
 default (the draft model and the text in one tree) with the back-off, and the same without it
 (``backoff=False``: every round drafts). Tokens per second pooled over the prompts (total tokens
 over total time), and the default's ratio to plain decoding: the back-off's promise is that a run
-whose speculation loses ends within about 3% of plain decoding (``loop/backoff.py``).
+whose speculation loses ends within about 3% of plain decoding (``loop/backoff.py``). Each run's time split is kept too (prefill, draft, verify; the first round
+the draft model ran in includes its prompt's prefill, windowed by ``drafts.hybrid.prompt_window``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def main() -> None:
     runs["plain"](prompts[0][:8])  # (warm-up: the few-row plan and the cost profiles are measured here)
     dynatree.generate(target, TextDraft(model=draft), prompts[0][:8], max_new_tokens=4, stopping=stop)
     totals = {k: [0, 0.0, 0] for k in runs}
+    per_prompt: list[dict] = []
     outputs: dict[str, list[list[int]]] = {k: [] for k in runs}
     for ids in prompts:
         for name, run in runs.items():
@@ -59,13 +61,18 @@ def main() -> None:
             totals[name][1] += time.perf_counter() - t0
             totals[name][2] += sum(r.drafted > 0 for r in out.stats.rounds)
             outputs[name].append(out.sequences[0].tolist())
+            split = out.stats.summary()
+            per_prompt.append({"prompt": len(outputs[name]) - 1, "prompt_tokens": len(ids), "run": name,
+                               "seconds": time.perf_counter() - t0, "new_tokens": out.stats.new_tokens,
+                               **{k: split[k] for k in ("t_prefill", "t_draft", "t_verify", "t_commit")},
+                               "draft_first_round": next((r.t_draft for r in out.stats.rounds if r.draft_calls), 0.0)})
             print(f"{name:22s} {out.stats.new_tokens / (time.perf_counter() - t0):6.2f} tok/s "
                   f"({sum(r.drafted > 0 for r in out.stats.rounds)} of {out.stats.num_rounds} rounds drafted)", flush=True)
     same = all(outputs[k] == outputs["plain"] for k in runs)
     rate = {k: v[0] / v[1] for k, v in totals.items()}
     summary = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
                "tok_per_s": rate, "over_plain": {k: rate[k] / rate["plain"] for k in runs},
-               "drafted_rounds": {k: v[2] for k, v in totals.items()}, "outputs_equal": same,
+               "drafted_rounds": {k: v[2] for k, v in totals.items()}, "outputs_equal": same, "runs": per_prompt,
                "date": time.strftime("%Y-%m-%d"), **provenance()}
     print(json.dumps({k: summary[k] for k in ("tok_per_s", "over_plain", "drafted_rounds", "outputs_equal")}, indent=1))
     if args.out:

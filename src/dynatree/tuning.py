@@ -221,6 +221,17 @@ TEXT_COST_CURVE: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
 #: (whole proposals; 0.644 cut on raw probabilities) to 0.538 (chat 1.15 -> 0.81, rewrite 0.261 ->
 #: 0.265); decays 0.8 / 0.9 / 0.95 gave 0.521 / 0.542 / 0.546.
 TEXT_CALIBRATION_DECAY = 0.875
+#: The most the hybrid's draft model may spend on caching the prompt, as a share of what plain
+#: decoding of the whole run costs (the target's prefill plus one step a new token, on the measured
+#: curves): beyond it the draft caches only the prompt's last tokens (``drafts.hybrid.prompt_window``).
+#: A 0.5B draft of a 1.5B target caches a 769-token prompt in about a third of the target's
+#: prefill, 4-6 s on the 2-core EPYC, 15% of a 64-token run: a loss no back-off can win back once
+#: the draft turns out never to agree. 2%, so the back-off's own probing fits in the 3% it promises.
+#: The embedded pair's 2-layer draft never reaches it.
+DRAFT_PREFILL_SHARE = 0.02
+#: The fewest prompt tokens a windowed draft caches (the last ones): below this a draft loses the
+#: question it answers.
+DRAFT_MIN_WINDOW = 32
 
 # --------------------------------------------------------------------------- the back-off
 #: ``Backoff`` (``loop/backoff.py``): speculation must reach ``BACKOFF_MARGIN`` of plain decoding's

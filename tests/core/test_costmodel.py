@@ -311,3 +311,34 @@ def test_every_budgeted_policy_reads_the_measured_curve(strategy: str, pair, mon
     assert sizes["steep"] <= 1 < 3 < sizes["flat"] <= 11
     pinned = make_policy(strategy, max_nodes=2, **options)
     assert not pinned.wants_cost_model()
+
+
+def test_a_disordered_measurement_is_measured_again(pair) -> None:
+    """A clock that makes the first timed one-row call slow (something else ran): the curve says one
+    row costs more than four, so the measurement adds a round and keeps the fastest (one row at 1 s
+    again); with no extra rounds allowed the slow call stays (the control)."""
+    from dynatree.runtime.cache import CachedModel
+
+    assert costmodel.disordered({1: 2.0, 2: 1.0, 4: 1.5}) and not costmodel.disordered({1: 1.0, 2: 1.1, 4: 0.9})
+
+    def clock_slow_once():
+        state = {"t": 0.0, "calls": 0}
+
+        def tick() -> float:
+            state["calls"] += 1
+            # calls 1-6: warm-ups (3 sizes, start and stop each); call 7: the first timed call's start
+            state["t"] += 3.0 if state["calls"] == 8 else 1.0
+            return state["t"]
+        return tick
+
+    kv = CachedModel(pair[0], VOCAB)
+    with torch.inference_mode():
+        p = costmodel.measure(kv, (1, 2, 4), lazy_head=False, reps=1, clock=clock_slow_once())
+        assert p.ms == (1000.0, 1000.0, 1000.0)
+        old = costmodel.EXTRA_ROUNDS
+        try:
+            costmodel.EXTRA_ROUNDS = 0
+            p = costmodel.measure(kv, (1, 2, 4), lazy_head=False, reps=1, clock=clock_slow_once())
+        finally:
+            costmodel.EXTRA_ROUNDS = old
+        assert p.ms == (3000.0, 1000.0, 1000.0)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from dynatree import tuning
 from dynatree.core.costmodel import CostProfile, choose_budget
 from dynatree.core.proposer import Drafting, Outcome, Proposer, RunContext, run_drafting
 from dynatree.core.tree import TreeBuilder, committed_tokens
@@ -57,11 +58,12 @@ class HybridProposer(Proposer):
     def open(cls, draft: Any, context: RunContext) -> "HybridProposer":
         model = FeatureProposer if FeatureProposer.accepts(draft.model) else ModelProposer  # the model part's own proposer
         part = model.open(draft.model, context)
-        return cls(draft, part, text_cost(draft, context), gate_costs(draft, part, context))
+        return cls(draft, part, text_cost(draft, context), gate_costs(draft, part, context), context.max_new_tokens)
 
     def __init__(self, config: TextDraft, model: ModelProposer, cost: CostProfile | None = None,
-                 gate_cost: tuple[CostProfile, CostProfile] | None = None) -> None:
+                 gate_cost: tuple[CostProfile, CostProfile] | None = None, max_new_tokens: int = 0) -> None:
         self.config, self.model = config, model
+        self.max_new_tokens = max_new_tokens  # (with gate_cost: what the draft's prompt window is weighed against)
         self.cost = cost if config.trim else None  # None: the text's nodes are kept whole
         self.gate_cost = gate_cost  # (the target's, the draft's) measured costs; None: min_gain a call
         self.wants_features = model.wants_features  # type: ignore[misc]
@@ -83,6 +85,8 @@ class HybridProposer(Proposer):
 
     def prefill(self, prompt: Sequence[int], features: torch.Tensor | None = None) -> None:
         self.text.start(list(prompt))
+        if self.gate_cost is not None and self.max_new_tokens:
+            self.model.window = prompt_window(*self.gate_cost, len(prompt), self.max_new_tokens)
         self.model.prefill(prompt, features)
 
     def propose(self, builder: TreeBuilder) -> None:
@@ -117,7 +121,7 @@ class HybridProposer(Proposer):
             cost = None
             if self.gate_cost is not None:
                 text_rows = 1 + min(len(self._merged.tokens), outcome.tree.num_drafted)
-                cost = model_cost(*self.gate_cost, self.model.calls, outcome.tree.size, text_rows)
+                cost = model_cost(*self.gate_cost, self.model.call_rows, outcome.tree.size, text_rows)
             self.gate.observe(max(0, len(outcome.accepted) - self._merged.matched(tokens)), cost)
         self._proposal = self._merged = None
         self.text.commit(tokens)
@@ -131,12 +135,34 @@ class HybridProposer(Proposer):
         return self.model.state()
 
 
-def model_cost(target: CostProfile, draft: CostProfile, calls: int, rows: int, text_rows: int) -> float:
-    """What a round's model part cost, in one-row target steps: ``calls`` draft calls (priced at a
-    two-row call: a level of a small tree) and the verify rows the model added to the text's
-    (``rows`` against ``text_rows``, root included)."""
+def model_cost(target: CostProfile, draft: CostProfile, call_rows: Sequence[int], rows: int, text_rows: int) -> float:
+    """What a round's model part cost, in one-row target steps: its draft calls, each priced by its
+    rows on the draft's curve (the first, over the tokens committed since the model last ran, can be
+    long after a pause: the curve's slope past its last size prices it), and the verify rows the
+    model added to the text's (``rows`` against ``text_rows``, root included)."""
     step = target.cost(1)
-    return (calls * draft.cost(2) + max(target.cost(rows) - target.cost(text_rows), 0.0)) / step
+    return (sum(draft.cost(r) for r in call_rows) + max(target.cost(rows) - target.cost(text_rows), 0.0)) / step
+
+
+def prompt_window(target: CostProfile, draft: CostProfile, prompt: int, new_tokens: int,
+                  share: float = tuning.DRAFT_PREFILL_SHARE, least: int = tuning.DRAFT_MIN_WINDOW) -> int | None:
+    """How many of the prompt's last tokens the draft model caches: all of them (None) while that
+    costs at most ``share`` of plain decoding's run (the target's prefill of ``prompt`` tokens and
+    ``new_tokens`` one-row steps, on the measured curves), else the most that fit in it, at least
+    ``least``.
+
+    Why: the draft's prefill is paid before its first proposal can say whether it agrees with the
+    target. A large draft of a long prompt costs a share of the run no back-off can win back when
+    it never agrees (a third of the target's prefill for a draft a third of its size). The text
+    draft still reads the whole prompt; the model drafts from its recent part."""
+    budget = share * (target.cost(prompt) + new_tokens * target.cost(1))
+    if draft.cost(prompt) <= budget:
+        return None
+    lo, hi = least, prompt  # (the draft's curve rises with rows: the largest window within budget)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if draft.cost(mid) <= budget else (lo, mid - 1)
+    return lo
 
 
 def gate_costs(draft: TextDraft, part: Proposer, context: RunContext) -> tuple[CostProfile, CostProfile] | None:

@@ -64,6 +64,8 @@ class ModelProposer(Proposer):
         self._base = 0  # cache rows belonging to committed tokens (incl. pending) this round
         self._slot: dict[int, int] = {}  # tree node -> cache row, for expanded drafted nodes
         self.catching_up = False
+        self.call_rows: list[int] = []  # this round's draft calls, rows each (the prompt's not counted)
+        self.window: int | None = None  # the most prompt tokens the draft caches (the last ones); None: all
 
     @property
     def calls(self) -> int:
@@ -81,8 +83,16 @@ class ModelProposer(Proposer):
         whose text stays confident, a back-off that pauses from the start), and then the draft's
         prefill is all it would have paid for. A round that does draft runs the same calls an
         eager prefill would have (the prompt, then the tokens committed since), so the draft's
-        cache and logits do not depend on when it happens."""
-        self._prompt, self._root_logits = list(prompt), None
+        cache and logits do not depend on when it happens.
+
+        With :attr:`window` set the draft caches only the prompt's last ``window`` tokens, at
+        positions from 0 (rotary and learned positions alike see a shorter document, not a shifted
+        one): a draft whose prefill would cost more than the run can win back drafts from the
+        recent text alone. The target still sees everything, so the output does not change."""
+        prompt = list(prompt)
+        if self.window is not None and len(prompt) > self.window:
+            prompt = prompt[-self.window:]
+        self._prompt, self._root_logits = prompt, None
         self.pending = []
 
     # ---------------------------------------------------------------------------- per round
@@ -129,11 +139,13 @@ class ModelProposer(Proposer):
             self._root_logits = yield DraftCall.prompt(self.kv, self._prompt)
             self._prompt = None
         self._calls0 = self.kv.calls
+        self.call_rows = []
         start = self.kv.length
         if not self.pending and self._root_logits is not None:
             self._base, logits, self._root_logits = start, self._root_logits, None
             return logits
         p = len(self.pending)
+        self.call_rows.append(p)
         causal = torch.ones(p, p, dtype=torch.bool).tril()
         logits = yield DraftCall(self.kv, list(self.pending), torch.arange(start, start + p), causal, start,
                                  last_only=True)
@@ -151,6 +163,7 @@ class ModelProposer(Proposer):
     def _level_call(self, nodes: Sequence[int]) -> Generator[DraftCall, torch.Tensor, torch.Tensor]:
         """:meth:`forward` as a step: the nodes' cache rows are theirs once the call has run."""
         nodes = list(nodes)
+        self.call_rows.append(len(nodes))
         first_row = self.kv.length
         logits = yield DraftCall(self.kv, *self._level(nodes), self._base)
         for r, node in enumerate(nodes):

@@ -13,7 +13,12 @@ costs about 0.3 of a step on the CPU, so calling it there made the hybrid slower
 alone; on prose it gains far more than it costs. A fixed rule cannot know which workload it is in;
 the gains say so within a few calls. A model that loses its verdict sits out ``first_pause``
 unsure rounds, doubling after each losing probe up to ``max_pause`` (the back-off's schedule), then
-gets ``min_calls`` fresh calls to prove itself again.
+gets ``min_calls`` fresh calls to prove itself again. As the back-off does, it also loses its
+verdict at once when its calls since the last one have cost ``max_loss`` plain steps more than they
+gained (twice that before the first), and after a losing probe it sits out at least that loss over
+``probe_share`` rounds: a draft model a third of the target's size costs about a step to resume
+after a pause (its calls over the tokens it sat out) plus a third of one per call, so four probe
+calls of a draft that never agrees cost several steps.
 
 The decisions read committed tokens only, never the clock: a seeded run repeats exactly, and the
 output never depends on them (any tree is verified exactly).
@@ -21,6 +26,7 @@ output never depends on them (any tree is verified exactly).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from dynatree import tuning
@@ -37,6 +43,8 @@ class ModelGate:
     decay: float = tuning.TEXT_CALIBRATION_DECAY
     first_pause: int = tuning.BACKOFF_FIRST_PAUSE
     max_pause: int = tuning.BACKOFF_MAX_PAUSE
+    max_loss: float = tuning.BACKOFF_MAX_LOSS
+    probe_share: float = tuning.BACKOFF_PROBE_SHARE
     gain: float = field(default=0.0, init=False)  # decayed sum of gains since the last verdict
     cost: float = field(default=0.0, init=False)  # decayed sum of the calls' costs since the last verdict
     weight: float = field(default=0.0, init=False)  # decayed count of calls since the last verdict
@@ -44,10 +52,14 @@ class ModelGate:
     pause_left: int = field(default=0, init=False)
     pause: int = field(default=0, init=False)
     skipped: int = field(default=0, init=False)  # unsure rounds the model sat out, in all
+    lost: float = field(default=0.0, init=False)  # cost - gain of the calls since the last verdict
+    verdicts: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         check(self.min_gain >= 0, "min_gain", "a number >= 0", self.min_gain)
         check(0.0 <= self.decay < 1.0, "decay", "a number in [0, 1)", self.decay)
+        check(self.max_loss > 0, "max_loss", "a number > 0", self.max_loss)
+        check(0 < self.probe_share <= 1, "probe_share", "a number in (0, 1]", self.probe_share)
         for name in ("min_calls", "first_pause", "max_pause"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
@@ -71,16 +83,23 @@ class ModelGate:
     def observe(self, gain: float, cost: float | None = None) -> None:
         """A round the model drafted in: ``gain`` tokens accepted beyond the text's own nodes, at
         ``cost`` plain steps (None: ``min_gain``, the cost tuned on one machine)."""
+        cost = self.min_gain if cost is None else cost
         self.gain = self.decay * self.gain + gain
-        self.cost = self.decay * self.cost + (self.min_gain if cost is None else cost)
+        self.cost = self.decay * self.cost + cost
         self.weight = self.decay * self.weight + 1.0
         self.calls += 1
-        if self.calls < self.min_calls:
+        self.lost += cost - gain
+        if self.min_gain == 0:
+            return  # (the gate is off)
+        hopeless = self.lost >= (self.max_loss if self.verdicts else 2 * self.max_loss)
+        if self.calls < self.min_calls and not hopeless:
             return
-        if self.gain >= self.cost:  # the mean gain at least the mean cost, without dividing
+        if self.gain >= self.cost and not hopeless:  # the mean gain at least the mean cost, without dividing
             self.pause = self.first_pause  # earned: the next loss pauses briefly again
             return
-        self.pause_left = self.pause  # lost: sit out, then probe afresh
+        dear = math.ceil(max(self.lost, 0.0) / self.probe_share) if self.verdicts else 0
+        self.pause_left = max(self.pause, dear)  # lost: sit out, then probe afresh
         self.pause = min(2 * self.pause, self.max_pause)
-        self.gain = self.cost = self.weight = 0.0
+        self.gain = self.cost = self.weight = self.lost = 0.0
         self.calls = 0
+        self.verdicts += 1
