@@ -189,3 +189,42 @@ def test_the_readme_table_by_batch_size_is_recomputed_from_its_results_files() -
             tasks = [sum(v) / len(v) for v in by_task.values()]
             shown, _ = figure(cell)
             assert shown == f"{sum(tasks) / len(tasks):.2f}", (path.name, name, shown)
+
+
+#: The sentence under each Spec-Bench table of the README: tokens per second pooled per method.
+POOLED = re.compile(r"In tokens per second pooled[^:]*: HF\s+`generate` ([\d.]+), our autoregressive decoding ([\d.]+), "
+                    r"the\s+default ([\d.]+), the text alone ([\d.]+)")
+POOLED_LABELS = ("hf-generate", "autoregressive", "hybrid", "text")
+
+
+def pooled_problems(text: str) -> list[str]:
+    """Each pooled figure of the README's Spec-Bench sentences against its table's results file,
+    with this test's own arithmetic (all rows' new tokens over all rows' ``t_total``, per label)."""
+    bad: list[str] = []
+    for spec in (SPEC_BENCH, SPEC_BENCH_AMD):
+        lines = text.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith(spec.header))
+        paragraph, _, _ = headline(text, spec.header)
+        (cited,) = CITED.findall(paragraph)
+        after = " ".join(lines[start:start + 30])
+        match = POOLED.search(after)
+        if match is None:
+            bad.append(f"no pooled tokens-per-second sentence under {spec.header}")
+            continue
+        rows = [json.loads(line) for line in (ROOT / cited).read_text(encoding="utf-8").splitlines() if line.strip()]
+        for label, shown in zip(POOLED_LABELS, match.groups()):
+            mine = [r["stats"] for r in rows if r["label"] == label]
+            want = f"{sum(s['new_tokens'] for s in mine) / sum(s['t_total'] for s in mine):.1f}"
+            if shown != want:
+                bad.append(f"{spec.header} {label}: printed {shown}, {cited} gives {want}")
+    return bad
+
+
+def test_the_pooled_tokens_per_second_under_each_table_are_the_files() -> None:
+    assert pooled_problems(README.read_text(encoding="utf-8")) == []
+
+
+def test_control_a_doctored_pooled_figure_fails() -> None:
+    text = README.read_text(encoding="utf-8")
+    doctored = text.replace("the default 38.1", "the default 43.2", 1)
+    assert doctored != text and pooled_problems(doctored)
