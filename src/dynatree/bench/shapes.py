@@ -21,29 +21,22 @@ import torch
 
 from dynatree.errors import DynaTreeError
 
-#: name -> (architecture, config fields). Tied embeddings as the published models have them.
+def _shape(arch: str, hidden: int, layers: int, mlp: int, heads: int, kv_heads: int, vocab: int,
+           tied: bool) -> tuple[str, dict[str, Any]]:
+    return arch, dict(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=mlp, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, vocab_size=vocab, tie_word_embeddings=tied)
+
+
+#: name -> (architecture, config fields), from the published configs: hidden size, layers, MLP
+#: width, query heads, key/value heads, vocabulary, tied embeddings.
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, num_hidden_layers=24, intermediate_size=4864,
-                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                                   tie_word_embeddings=True)),
-    "qwen2.5-1.5b": ("qwen2", dict(hidden_size=1536, num_hidden_layers=28, intermediate_size=8960,
-                                   num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
-                                   tie_word_embeddings=True)),
-    "qwen2.5-3b": ("qwen2", dict(hidden_size=2048, num_hidden_layers=36, intermediate_size=11008,
-                                 num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
-                                 tie_word_embeddings=True)),
-    "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944,
-                                 num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                                 tie_word_embeddings=False)),
-    "llama-3.2-1b": ("llama", dict(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
-                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                   tie_word_embeddings=True)),
-    "llama-3.2-3b": ("llama", dict(hidden_size=3072, num_hidden_layers=28, intermediate_size=8192,
-                                   num_attention_heads=24, num_key_value_heads=8, vocab_size=128256,
-                                   tie_word_embeddings=True)),
-    "llama-3.1-8b": ("llama", dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
-                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                   tie_word_embeddings=False)),
+    "qwen2.5-0.5b": _shape("qwen2", 896, 24, 4864, 14, 2, 151936, True),
+    "qwen2.5-1.5b": _shape("qwen2", 1536, 28, 8960, 12, 2, 151936, True),
+    "qwen2.5-3b": _shape("qwen2", 2048, 36, 11008, 16, 2, 151936, True),
+    "qwen2.5-7b": _shape("qwen2", 3584, 28, 18944, 28, 4, 152064, False),
+    "llama-3.2-1b": _shape("llama", 2048, 16, 8192, 32, 8, 128256, True),
+    "llama-3.2-3b": _shape("llama", 3072, 28, 8192, 24, 8, 128256, True),
+    "llama-3.1-8b": _shape("llama", 4096, 32, 14336, 32, 8, 128256, False),
 }
 
 
