@@ -14,7 +14,9 @@ fails the same way). The cache object handed to the model is therefore a minimal
 ``InputKV``: its ``update`` writes this call's keys and values at the given rows of
 caller-owned tensors.
 
-For each variant (inductor's freezing off and on), one child process exports and packages the
+There are three variants: inductor's freezing off; freezing on; and our few-row kernel plan
+traced into the graph (the export runs inside the engine's ``few_row_layout`` for the step's
+rows, as our eager engine's calls do). For each, one child process exports and packages the
 step, and one fresh child process loads the package. The loading process measures:
 - the time to load;
 - the largest logit and KV difference against the same step run eagerly over 40 tokens;
@@ -90,11 +92,17 @@ def step_inputs(torch, q, start, ks, vs):
     return ids, mask, torch.arange(start, start + q).view(1, q), torch.arange(start, start + q), ks, vs
 
 
-def build(path: str, rows: int, freeze: bool) -> dict:
+def build(path: str, rows: int, freeze: bool, plan: bool) -> dict:
+    import contextlib
+
+    from dynatree.runtime.cache import few_row_layout
+    from dynatree.runtime.kernels.linear_plan import plan_for
+
     model, torch = _model()
     step = step_module(model, torch)
     ks, vs = kv_tensors(model, torch)
-    with torch.no_grad():
+    layout = few_row_layout(plan_for(model), rows) if plan else contextlib.nullcontext()
+    with torch.no_grad(), layout:
         t0 = time.perf_counter()
         ep = torch.export.export(step, step_inputs(torch, rows, 5, ks, vs), strict=False)
         t1 = time.perf_counter()
@@ -149,12 +157,13 @@ def main() -> None:
     ap.add_argument("--child", choices=("build", "load"), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--freeze", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--plan", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         import torch
 
         torch.set_num_threads(args.threads)
-        out = build(args.path, args.rows, args.freeze) if args.child == "build" else load(args.path, args.rows, start)
+        out = build(args.path, args.rows, args.freeze, args.plan) if args.child == "build" else load(args.path, args.rows, start)
         print("RESULT " + json.dumps(out), flush=True)
         return
     from dynatree.bench.sysinfo import provenance
@@ -170,10 +179,10 @@ def main() -> None:
             sys.exit(f"child {' '.join(extra)} failed:\n{run.stderr[-3000:]}")
         return json.loads(line[len("RESULT "):])
 
-    for freeze in (False, True):
-        path = os.path.join(work, f"step-{args.rows}-{int(freeze)}.pt2")
-        flag = ["--freeze"] if freeze else []
-        row = {"rows": args.rows, "freezing": freeze, "threads": args.threads, "cache_columns": CAP,
+    for freeze, plan in ((False, False), (True, False), (False, True)):
+        path = os.path.join(work, f"step-{args.rows}-{int(freeze)}{int(plan)}.pt2")
+        flag = ["--freeze"] * freeze + ["--plan"] * plan
+        row = {"rows": args.rows, "freezing": freeze, "our_kernel_plan": plan, "threads": args.threads, "cache_columns": CAP,
                **child("--child", "build", "--path", path, *flag), **child("--child", "load", "--path", path),
                "date": time.strftime("%Y-%m-%d"), **provenance()}
         print(json.dumps({k: v for k, v in row.items() if k not in ("machine", "versions")}), flush=True)
