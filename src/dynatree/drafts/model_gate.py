@@ -26,10 +26,10 @@ output never depends on them (any tree is verified exactly).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from dynatree import tuning
+from dynatree.core.pausing import loss_allowed, pause_after
 from dynatree.errors import check
 
 
@@ -47,7 +47,6 @@ class ModelGate:
     probe_share: float = tuning.BACKOFF_PROBE_SHARE
     gain: float = field(default=0.0, init=False)  # decayed sum of gains since the last verdict
     cost: float = field(default=0.0, init=False)  # decayed sum of the calls' costs since the last verdict
-    weight: float = field(default=0.0, init=False)  # decayed count of calls since the last verdict
     calls: int = field(default=0, init=False)  # calls since the last verdict
     pause_left: int = field(default=0, init=False)
     pause: int = field(default=0, init=False)
@@ -65,11 +64,6 @@ class ModelGate:
             check(isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
         self.pause = self.first_pause
 
-    @property
-    def mean_gain(self) -> float | None:
-        """Mean gain per call since the last verdict (recent calls weigh more); None before any."""
-        return self.gain / self.weight if self.weight > 0 else None
-
     def should_call(self) -> bool:
         """Whether the model drafts in this round, where the text is unsure (counts the pause)."""
         if self.min_gain == 0:
@@ -86,20 +80,18 @@ class ModelGate:
         cost = self.min_gain if cost is None else cost
         self.gain = self.decay * self.gain + gain
         self.cost = self.decay * self.cost + cost
-        self.weight = self.decay * self.weight + 1.0
         self.calls += 1
         self.lost += cost - gain
         if self.min_gain == 0:
             return  # (the gate is off)
-        hopeless = self.lost >= (self.max_loss if self.verdicts else 2 * self.max_loss)
+        hopeless = self.lost >= loss_allowed(self.max_loss, self.verdicts)
         if self.calls < self.min_calls and not hopeless:
             return
         if self.gain >= self.cost and not hopeless:  # the mean gain at least the mean cost, without dividing
             self.pause = self.first_pause  # earned: the next loss pauses briefly again
             return
-        dear = math.ceil(max(self.lost, 0.0) / self.probe_share) if self.verdicts else 0
-        self.pause_left = max(self.pause, dear)  # lost: sit out, then probe afresh
-        self.pause = min(2 * self.pause, self.max_pause)
-        self.gain = self.cost = self.weight = self.lost = 0.0
+        # lost: sit out, then probe afresh
+        self.pause_left, self.pause = pause_after(self.lost, self.pause, self.verdicts, self.probe_share, self.max_pause)
+        self.gain = self.cost = self.lost = 0.0
         self.calls = 0
         self.verdicts += 1

@@ -50,6 +50,7 @@ import os
 from dataclasses import dataclass, field
 
 from dynatree import tuning
+from dynatree.core.pausing import loss_allowed, pause_after
 from dynatree.errors import check
 
 
@@ -138,10 +139,7 @@ class Backoff:
         a = self.decay
         self._w, self._w2 = a * self._w + 1.0, a * a * self._w2 + 1.0
         self._s, self._q = a * self._s + loss, a * self._q + loss * loss
-        # (the run's first verdict allows twice the loss: its first rounds are the workload's worst,
-        #  a text index still short and a draft still warming up)
-        allowed = self.max_loss if self.verdicts else 2 * self.max_loss
-        if self._lost >= allowed or (self._k >= self.min_rounds and self._confidently_losing()):
+        if self._lost >= loss_allowed(self.max_loss, self.verdicts) or (self._k >= self.min_rounds and self._confidently_losing()):
             self._pause()
         elif self._k >= self.min_rounds and self._s < 0:
             self.pause = self.first_pause  # ahead: the next verdict pauses briefly again
@@ -153,10 +151,6 @@ class Backoff:
         return mean > self.z * math.sqrt(var / n)
 
     def _pause(self) -> None:
-        # (the loss/probe_share floor applies to probes: the first verdict's rounds are the run's
-        #  first, where a text index is still short and a draft still warms up)
-        dear = math.ceil(max(self._lost, 0.0) / self.probe_share) if self.verdicts else 0
-        self.pause_left = max(self.pause, dear)
-        self.pause = min(2 * self.pause, self.max_pause)
+        self.pause_left, self.pause = pause_after(self._lost, self.pause, self.verdicts, self.probe_share, self.max_pause)
         self.verdicts += 1
         self._k, self._lost, self._w, self._w2, self._s, self._q = 0, 0.0, 0.0, 0.0, 0.0, 0.0

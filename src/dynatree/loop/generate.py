@@ -99,8 +99,8 @@ def generate(
         text: with a draft model, also draft from the text itself (prompt and answer so far) in
             the same tree, as the CLI does (the model sits out the rounds where the text is
             confident, and the rounds where it has not been earning its calls). On the CPU
-            Spec-Bench runs of the README it is level with the text alone, which is ahead overall. False: the draft model's tree alone,
-            as in the DynaTree and DySpec papers (for reproducing them and for the bench's
+            Spec-Bench runs of the README it is level with the text alone, which is ahead
+            overall. False: the draft model's tree alone, as in the DynaTree and DySpec papers (for reproducing them and for the bench's
             ``source=model``). It applies to a draft model only: ``None`` and a ``TextDraft``
             draft from the text whatever it says.
         max_new_tokens: tokens to generate at most (the last round is truncated exactly).

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from dynatree.core import costmodel
 from dynatree.core.proposer import LevelDrafter, Levels, drive
 from dynatree.errors import DynaTreeError
+from dynatree.tuning import DEFAULT_MAX_NODES
 from dynatree.core.tree import TreeBuilder
 
 if TYPE_CHECKING:
@@ -107,6 +109,17 @@ class DraftPolicy(ABC):
         """Receive the measured cost profile (called only if :meth:`wants_cost_model` said yes). It
         is kept across generations: the profile belongs to the machine, not to one run."""
         self.cost_profile = profile
+
+    def node_budget(self, max_nodes: int | None, device: str) -> int:
+        """The drafted-node budget of a tree: ``max_nodes`` where the config pins it, else the most
+        nodes whose verify costs about one step on the measured curve
+        (:func:`~dynatree.core.costmodel.node_budget`), else the per-device table
+        (``tuning.DEFAULT_MAX_NODES``: tuned by hand, the fallback when nothing is measured)."""
+        if max_nodes is not None:
+            return max_nodes
+        if self.cost_profile is not None:
+            return costmodel.node_budget(self.cost_profile)
+        return DEFAULT_MAX_NODES.get(device, DEFAULT_MAX_NODES["cuda"])
 
 
 def add_top_children(

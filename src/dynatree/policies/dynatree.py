@@ -150,13 +150,9 @@ class DynaTree(DraftPolicy):
         tree.truncate(1 + n)
 
     def _budget(self, device: str) -> int:
-        cfg = self.config
-        if cfg.max_nodes is not None:
-            return cfg.max_nodes
-        if self.cost_profile is not None:
-            # with the per-round cut, the whole measured curve (the cut decides); else its flat part
-            return max(1, self.cost_profile.max_rows - 1) if self._trims else costmodel.node_budget(self.cost_profile)
-        return DEFAULT_MAX_NODES.get(device, DEFAULT_MAX_NODES["cuda"])
+        if self.config.max_nodes is None and self.cost_profile is not None and self._trims:
+            return max(1, self.cost_profile.max_rows - 1)  # (the per-round cut decides: the whole measured curve)
+        return self.node_budget(self.config.max_nodes, device)
 
     # ------------------------------------------------------------------------------ drafting
     def breadth(self, confidence: float) -> int:

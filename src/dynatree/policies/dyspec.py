@@ -49,9 +49,7 @@ from dynatree.core.proposer import LevelDrafter, Levels
 from dynatree.core.sampling import DraftSampler, without
 from dynatree.core.tree import TreeBuilder
 from dynatree.errors import check
-from dynatree.core.costmodel import node_budget
 from dynatree.policies.base import DraftPolicy
-from dynatree.tuning import DEFAULT_MAX_NODES
 
 
 @dataclass(frozen=True)
@@ -96,13 +94,9 @@ class SampledTreePolicy(DraftPolicy):
         return self.config.max_nodes is None and self.cost_profile is None
 
     def budget(self, device: str) -> int:
-        """The drafted-node budget: ``max_nodes``, else read off the measured verify-cost curve,
-        else the per-device table (``tuning.DEFAULT_MAX_NODES``: 64 on a GPU, the paper's)."""
-        if self.config.max_nodes is not None:
-            return self.config.max_nodes
-        if self.cost_profile is not None:
-            return node_budget(self.cost_profile)
-        return DEFAULT_MAX_NODES.get(device, DEFAULT_MAX_NODES["cuda"])
+        """The drafted-node budget (:meth:`DraftPolicy.node_budget`; the table's 64 on a GPU is
+        the paper's)."""
+        return self.node_budget(self.config.max_nodes, device)
 
     def _start(self, drafter: LevelDrafter) -> DraftSampler:
         sampler = getattr(drafter, "sampler", None)
