@@ -15,7 +15,7 @@ from typing import Any
 
 from dynatree.errors import DynaTreeError
 
-ENGINES = ("auto", "hf", "static")
+ENGINES = ("auto", "hf", "static", "aot")
 
 
 def check_window(window: object, sinks: object) -> None:
@@ -73,11 +73,13 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
-            raise DynaTreeError(f"unknown engine '{self.engine}': must be 'auto', 'hf' or 'static'")
+            raise DynaTreeError(f"unknown engine '{self.engine}': must be 'auto', 'hf', 'static' or 'aot'")
         if self.compile == "" or (self.compile is not None and not isinstance(self.compile, (bool, str))):
             raise DynaTreeError(f"compile must be True, False, None or a torch.compile mode, got {self.compile!r}")
         if self.compile and self.engine == "hf":
             raise DynaTreeError("compile=True needs engine='static' (compiled steps need fixed shapes)")
+        if self.compile and self.engine == "aot":
+            raise DynaTreeError("compile= applies to engine='static'; engine='aot' is compiled ahead of time already")
         object.__setattr__(self, "buckets", _buckets(self.buckets))
         for name in ("cpu_linear", "lazy_head"):
             if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
@@ -88,7 +90,7 @@ class EngineOptions:
             raise DynaTreeError(f"unknown tree_order '{self.tree_order}': must be 'bfs' or 'dfs'")
         if self.kv_window is not None:
             check_window(self.kv_window, self.kv_sinks)
-            if self.engine == "static":
+            if self.engine in ("static", "aot"):
                 raise DynaTreeError("KV eviction (kv_window) works with engine='hf' only")
 
     def replace(self, **changes: Any) -> EngineOptions:

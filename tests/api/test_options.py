@@ -15,7 +15,7 @@ from dynatree.runtime import engines
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"engine": "fast"}, "unknown engine 'fast': must be 'auto', 'hf' or 'static'"),
+        ({"engine": "fast"}, "unknown engine 'fast': must be 'auto', 'hf', 'static' or 'aot'"),
         ({"engine": "hf", "compile": True}, "compile=True needs engine='static'"),
         ({"engine": "hf", "compile": "max-autotune"}, "compile=True needs engine='static'"),
         ({"compile": ""}, "compile must be True, False, None or a torch.compile mode"),

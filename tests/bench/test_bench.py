@@ -418,7 +418,7 @@ def test_bench_and_sweep_refuse_bad_engine_flags_before_loading_models(tmp_path:
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     out = ["--output", str(tmp_path / "r.jsonl")]
-    for argv, message in ((["bench", "--engine", "auto"], "engine must be 'hf' or 'static', got 'auto'"),
+    for argv, message in ((["bench", "--engine", "auto"], "engine must be 'hf', 'static' or 'aot', got 'auto'"),
                           (["bench", "--engine", "hf", "--compile"], "compile=True needs engine='static'"),
                           (["bench", "--buckets", "1,x"], "--buckets must be comma-separated positive integers"),
                           (["sweep", "--strategy", "linear", "-g", "k=2,3", "--kv-window", "0"],

@@ -133,8 +133,8 @@ class BenchSettings:
         """``options`` as BenchSettings keywords (compile as recorded in rows: True or False).
 
         Refuses ``engine="auto"``: a row says which engine it measured."""
-        if options.engine not in ("hf", "static"):
-            raise DynaTreeError(f"engine must be 'hf' or 'static', got {options.engine!r}")
+        if options.engine not in ("hf", "static", "aot"):
+            raise DynaTreeError(f"engine must be 'hf', 'static' or 'aot', got {options.engine!r}")
         return {name: bool(options.compile) if name == "compile" else getattr(options, name) for name in ENGINE_FIELDS}
 
     def identity(self) -> dict[str, Any]:
@@ -327,6 +327,17 @@ def _engine_record(options: EngineOptions) -> dict[str, Any]:
             "linear_plan": plan.describe() if plan is not None else None}
 
 
+def _aot_ready(target: Any, draft: Any, options: EngineOptions) -> bool:
+    """Whether every aot package the run needs (target, and a draft model's) is on disk already."""
+    from dynatree.drafts.registry import proposer_for
+    from dynatree.runtime.aot_engine import BUCKETS, all_cached
+
+    plan = options.linear_plan if options.cpu_linear else None
+    proposer = proposer_for(draft) if draft is not None else None
+    models = [target] + (proposer.models(draft) if proposer is not None and proposer.draft_engine(options) == "aot" else [])
+    return all(all_cached(m, options.buckets or BUCKETS, plan) for m in models)
+
+
 def choices(options: EngineOptions) -> str:
     """One line: the engine and the few-row linear kernels a run takes, and where the kernel choice
     came from (measured on this CPU, or pinned)."""
@@ -420,8 +431,12 @@ def run_bench(
     records = {label: _engine_record(options) for label, options in resolved.items()}
     for line in sorted({choices(options) for options in resolved.values()}):
         notice(f"dynatree bench: {line}")  # which engine and CPU choices this run made, and why
-    compiled = [s for s in specs if s.label in resolved and resolved[s.label].engine == "static"
-                and resolved[s.label].compile]
+    compiled = [s for s in specs if s.label in resolved and (resolved[s.label].engine == "aot" or
+                (resolved[s.label].engine == "static" and resolved[s.label].compile))]
+    for s in compiled:  # whether the aot engine's packages were on disk before this run, or built by it
+        if resolved[s.label].engine == "aot":
+            records[s.label]["aot_packages"] = "loaded" if _aot_ready(target, draft if s.uses_draft else None,
+                                                                      resolved[s.label]) else "built
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise DynaTreeError("prompt ids must be unique")
@@ -448,7 +463,7 @@ def run_bench(
     bar = _progress(progress, warmup * len(specs) if todo else 0, len(todo))
     with bar:
         if todo and compiled:
-            bar.describe("compiling every static bucket")
+            bar.describe("compiling every static bucket / aot package")
             for options in dict.fromkeys(resolved[s.label] for s in compiled):
                 users = [s for s in compiled if resolved[s.label] == options]
                 precompile(target, draft if any(s.uses_draft for s in users) else None,

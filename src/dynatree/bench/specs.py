@@ -10,7 +10,7 @@ Syntax (one string, as given to ``--strategies``)::
   and ``hf-prompt-lookup`` (``generate(prompt_lookup_num_tokens=10)``: no draft model);
 * options are the strategy's config fields, values parsed like ``generate -o`` (ints, floats,
   ``true``/``false``, strings), plus *run* options that override the bench's settings for
-  this spec only: ``engine=hf|static``, ``compile=true|false``, ``cpu_linear=true|false`` and
+  this spec only: ``engine=hf|static|aot``, ``compile=true|false``, ``cpu_linear=true|false`` and
   ``source=model|text|hybrid`` (what drafts: the draft model, the text itself with no model, or
   both in one tree), and with ``source=text|hybrid`` ``text_trim=true|false`` (whether the text's
   proposal is cut to what pays for its verify rows, ``TextDraft.trim``; default true). They let
@@ -58,7 +58,7 @@ HF_ASSISTED_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", 
 HF_PROMPT_LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 # Options that choose how a strategy runs (engine.generate arguments), not how its policy drafts.
 RUN_OPTIONS = ("engine", "compile", "cpu_linear", "source", "text_trim", "text_cache")
-ENGINES = ("hf", "static")
+ENGINES = ("hf", "static", "aot")
 #: What drafts a tree: the draft model, the text itself (a suffix index, no model), or both merged.
 SOURCES = ("model", "text", "hybrid")
 

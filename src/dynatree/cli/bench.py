@@ -43,7 +43,7 @@ STRATEGY_HELP = (
     "\"dynatree,dynatree:source=text@dt-text,dynatree:source=hybrid@dt-hybrid\". "
     "text_cache=true|N (with source=text|hybrid) shares one cache of the earlier prompts and their outputs "
     "(at most N tokens) across the spec's prompts, in prompt order, e.g. \"dynatree:source=text:text_cache=true@dt-cached\". "
-    "engine=hf|static and compile=true|false override --engine/--compile for one spec, e.g. "
+    "engine=hf|static|aot and compile=true|false override --engine/--compile for one spec, e.g. "
     "\"autoregressive,autoregressive:engine=static:compile=true@ar-compiled,dynatree,dynatree:engine=static:compile=true@dt-compiled\" "
     "(the first autoregressive is the reference; every row also gets a speedup over the others)."
 )

@@ -139,10 +139,12 @@ def engine_flags(engine: str = "auto") -> Callable[[F], F]:
     ``--kv-sinks``, ``--cpu-linear``) for a command whose ``options`` parameter then receives them
     as one :class:`~dynatree.options.EngineOptions`. ``engine`` is the default engine: the bench
     records an explicit one in every row, so it has no "auto"."""
-    auto = "auto (compiled static on CUDA or with --compile, else hf) | " if engine == "auto" else ""
+    auto = ("auto (aot on a CPU once its packages are built; compiled static on CUDA or with --compile; else hf) | "
+            if engine == "auto" else "")
     flags = [
         flag("engine", Annotated[str, typer.Option(
-            help=f"{auto}hf (dynamic cache) | static (pre-allocated cache, bucketed trees)")], engine),
+            help=f"{auto}hf (dynamic cache) | static (pre-allocated cache, bucketed trees) | aot (ahead-of-time "
+                 "compiled steps on a CPU, built once per model and machine)")], engine),
         flag("compile", Annotated[bool | None, typer.Option("--compile/--no-compile", help=(
             "torch.compile the static engine's steps (every graph is built before the run; default: "
             f"{'decided by --engine auto, off otherwise' if auto else 'off'})."))], None),

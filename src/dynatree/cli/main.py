@@ -392,3 +392,4 @@ for _command in (_bench.bench, _bench.sweep, _bench.report):
     app.command()(_command)
 app.command("costs")(_costs.costs)
 app.command("random-model")(_costs.random_model)
+app.command("build-engine")(_costs.build_engine)

@@ -23,7 +23,8 @@ def precompile(
     buckets: tuple[int, ...] | None = None,
     cpu_linear: bool | None = None,
 ) -> EngineOptions:
-    """Build every bucket's graph of the static engines now, for runs of up to ``max_rows``
+    """Build every bucket's graph of the static engines (or, with ``engine="aot"``, every package
+    of the aot engine, built once per model shape and machine) now, for runs of up to ``max_rows``
     (prompt + new tokens), so that no compilation lands inside a timed generation; returns the
     resolved options to pass to those runs (``generate(..., options=...)``).
 
@@ -36,7 +37,8 @@ def precompile(
     options = EngineOptions.merge(options, compile=compile, buckets=buckets, cpu_linear=cpu_linear)
     if options.engine == "hf":
         raise DynaTreeError("precompile builds the static engine's graphs, and these options pick engine='hf'")
-    options = options.replace(engine="static", compile=True if options.compile is None else options.compile)
+    if options.engine != "aot":
+        options = options.replace(engine="static", compile=True if options.compile is None else options.compile)
     options = resolve(options, target)
     vocab = vocab_size(target)
     cache = options.cache_options(next(target.parameters()).device.type)

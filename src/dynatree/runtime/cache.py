@@ -127,6 +127,26 @@ def few_row_layout(plan: LinearPlan | None, rows: int | None = None) -> contextl
     return SmallBatchLinear(plan=plan)
 
 
+def padded_step_inputs(tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int, length: int,
+                       bucket: int, columns: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fixed-shape step's inputs for ``q = len(tokens)`` real rows padded to ``bucket``: token ids
+    and positions ``[1, bucket]`` and which of ``columns`` cache columns each row sees
+    ``[bucket, columns]``. Real rows see every row before ``since`` and ``visible`` from there;
+    padding rows repeat the last position and see only their own row (written at ``length + i``,
+    past the real rows: never seen by a later call, then overwritten), so no row is all-masked."""
+    q = tokens.numel()
+    ids = torch.zeros(1, bucket, dtype=torch.long)
+    ids[0, :q] = tokens
+    pos = torch.full((1, bucket), int(positions[-1]), dtype=torch.long)
+    pos[0, :q] = positions
+    allowed = torch.zeros(bucket, columns, dtype=torch.bool)
+    allowed[:q, :since] = True
+    allowed[:q, since : length + q] = visible
+    pad = torch.arange(q, bucket)
+    allowed[pad, length + pad] = True
+    return ids, pos, allowed
+
+
 # ------------------------------------------------------------------------- model + its cache
 class CachedModel:
     """A causal LM together with its KV cache: the one place that calls the model while decoding.
@@ -412,15 +432,7 @@ class StaticCachedModel(CachedModel):
         if bucket is None:
             raise DynaTreeError(f"a call of {q} tokens exceeds the largest static bucket ({self.buckets[-1]}); use engine='hf'")
         self.calls += 1
-        ids = torch.zeros(1, bucket, dtype=torch.long)
-        ids[0, :q] = tokens
-        pos = torch.full((1, bucket), int(positions[-1]), dtype=torch.long)
-        pos[0, :q] = positions
-        allowed = torch.zeros(bucket, self.capacity, dtype=torch.bool)
-        allowed[:q, :since] = True
-        allowed[:q, since : length + q] = visible
-        pad = torch.arange(q, bucket)
-        allowed[pad, length + pad] = True  # padding rows see only themselves (no NaN rows)
+        ids, pos, allowed = padded_step_inputs(tokens, positions, visible, since, length, bucket, self.capacity)
         if self.layout is None:
             mask = torch.zeros(bucket, self.capacity, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
             mask = mask.view(1, 1, bucket, -1).to(self.device)

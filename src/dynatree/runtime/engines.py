@@ -46,18 +46,22 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     (:func:`resolve_cpu_linear`).
     """
     engine, compile, buckets = options.engine, options.compile, options.buckets
-    if engine == "auto":
-        engine, compile, buckets = _auto_engine(target, compile, buckets, options.kv_window, options.pool)
     cpu_linear, plan = resolve_cpu_linear(target, options.cpu_linear, options.linear_plan)
+    if engine == "auto":
+        engine, compile, buckets = _auto_engine(target, compile, buckets, options.kv_window, options.pool,
+                                                plan if cpu_linear else None)
     return options.replace(engine=engine, compile=False if compile is None else compile, buckets=buckets,
                            cpu_linear=cpu_linear, linear_plan=plan)
 
 
 def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: tuple[int, ...] | None,
-                 kv_window: int | None, pool: Any) -> tuple[str, bool | str | None, tuple[int, ...] | None]:
+                 kv_window: int | None, pool: Any, plan: LinearPlan | None = None,
+                 ) -> tuple[str, bool | str | None, tuple[int, ...] | None]:
     if kv_window is not None or not _has_params(target, AUTO_MIN_PARAMS):
         return "hf", compile, buckets  # compile=True here is refused as needing the static engine
     device = next(target.parameters()).device.type
+    if device == "cpu" and compile is None and _aot_cached(target, buckets, plan):
+        return "aot", False, buckets
     built = _check_pool(pool).compiled_buckets(target) if pool is not None else None
     if compile is None:  # (the compiler is asked last: its first check runs the C++ compiler, ~0.5 s
         #                    a CPU run without compiled graphs never needs; ~6 s more where torch._dynamo
@@ -68,6 +72,18 @@ def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: t
     if buckets is None:  # reuse the graphs already built rather than compiling other buckets
         buckets = built if built is not None else CPU_AUTO_BUCKETS if device == "cpu" else None
     return "static", compile, buckets
+
+
+def _aot_cached(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: LinearPlan | None) -> bool:
+    """Whether the aot engine's packages for ``target`` are built on this machine (then a run
+    loads them in milliseconds: ``"auto"`` takes that engine). A model with sliding-window layers
+    never gets it (the engine refuses those)."""
+    from dynatree.runtime import aot_engine
+    from dynatree.runtime.window import attention_layout
+
+    if attention_layout(target) is not None:
+        return False
+    return aot_engine.all_cached(target, buckets or aot_engine.BUCKETS, plan)
 
 
 def _has_params(model: torch.nn.Module, count: int) -> bool:
@@ -185,8 +201,8 @@ def cached_target(target: torch.nn.Module, vocab: int, options: EngineOptions, r
     """The target's model+cache for runs of up to ``rows`` tokens under resolved ``options``, plus
     room for one tree of the largest bucket."""
     cache = options.cache_options(next(target.parameters()).device.type)
-    return cached_model(target, vocab, options.engine, rows + StaticCachedModel.BUCKETS[-1], cache, role="target",
-                        pool=options.pool)
+    room = (options.buckets or StaticCachedModel.BUCKETS)[-1] if options.engine == "aot" else StaticCachedModel.BUCKETS[-1]
+    return cached_model(target, vocab, options.engine, rows + room, cache, role="target", pool=options.pool)
 
 
 def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, cache: CacheOptions,
@@ -202,6 +218,10 @@ def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int,
         raise DynaTreeError(f"role must be one of {ROLES}, got {role!r}")
     if engine == "hf":
         return CachedModel(model, vocab, cpu_linear=cache.linear_plan or False)
+    if engine == "aot":  # (its cache grows as needed; capacity is a hint)
+        from dynatree.runtime.aot_engine import AOTCachedModel
+
+        return AOTCachedModel(model, vocab, capacity, buckets=cache.buckets, cpu_linear=cache.linear_plan or False)
     # Round up so that prompts of similar length reuse one cache (a new cache means new graphs).
     capacity = max(256, 1 << (capacity - 1).bit_length())
     return (DEFAULT_POOL if pool is None else _check_pool(pool)).get(model, role, vocab, cache, capacity)

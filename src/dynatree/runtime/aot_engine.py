@@ -1,0 +1,338 @@
+"""The ahead-of-time compiled engine (``engine="aot"``): each decoding step an AOTInductor package,
+built once per model shape and machine, loaded by later processes in milliseconds.
+
+Why a package: HF's modeling code dispatched op by op, plus Python, is about half of a CPU step
+at the embedded 135M target. ``torch.compile`` removes that, but re-traces the model with dynamo
+in every process (about 7 s a graph on a 2-core AMD EPYC, 12 graphs for a pair). An AOTInductor
+package is traced once; a second process only opens a shared library.
+
+The step a package holds takes the engine's own arguments, so every tree the loop builds runs
+on it: the tokens padded to the package's row count (its *bucket*), a 4-D additive mask over the
+cache's columns, the positions, the cache rows to write, and the KV cache itself as tensors the
+step writes in place (``InputKV``). The cache's length is a dynamic dimension, so one package
+serves every cache size and the cache grows by doubling without a rebuild. A package holds no
+weights: they are bound at load to the live model's tensors (``user_managed``), shared by every
+bucket, so an engine costs no second copy of the model.
+
+The few-row kernel plan (:mod:`dynatree.runtime.kernels.linear_plan`) is traced in: an export
+inside the plan's layout multiplies few rows as ``weight @ x.T``. On the 2-core EPYC that made a
+one-row step of SmolLM2-135M 22.8 ms against 54.0 with inductor's own linear lowering
+(``benchmarks/cpu/aoti_step.jsonl``).
+
+Exactness: a step's rows are computed from the same rows of the same cache as the eager engine's,
+by other kernels (float rounding differs, the tokens are verified the same way). Packages are
+CPU-only here; on CUDA, ``engine="static"`` with ``compile=True`` is the compiled engine.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dynatree.errors import DynaTreeError, first_line
+from dynatree.options import LinearPlan
+from dynatree.runtime import aot_store
+from dynatree.runtime.cache import CachedModel, few_row_layout, padded_step_inputs
+from dynatree.tuning import PREFILL_CHUNK
+
+#: The engine's buckets on a CPU: verify trees of up to 16 rows (the measured budgets at 135M-1.5B
+#: choose 3-8 nodes; a text proposal takes up to 16). Each is one package to build.
+BUCKETS = (1, 2, 4, 8, 16)
+#: Build seconds per package, per decoder layer, and fixed: the expected duration printed before a
+#: build (SmolLM2-135M, 30 layers: 8 s export + 41-43 s packaging a bucket; a 2-layer test model
+#: 11 s; 2-core AMD EPYC).
+BUILD_S_PER_LAYER, BUILD_S_FIXED = 1.4, 8.0
+_FIRST_COLUMNS = 64  # the cache's first allocation; it doubles as needed
+
+
+class InputKV:
+    """The part of HF's cache interface a decoder layer calls: ``update`` writes this call's keys
+    and values at ``rows`` of caller-owned tensors and returns the whole tensors.
+
+    HF's ``StaticCache`` held as module buffers does not export with torch 2.13 and transformers
+    5.23 (a functionalization assert at its ``cumulative_length``); tensors passed in and written
+    in place do."""
+
+    is_compileable = True
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], rows: torch.Tensor) -> None:
+        self.keys, self.values, self.rows = keys, values, rows
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        self.keys[layer_idx].index_copy_(2, self.rows, key)
+        self.values[layer_idx].index_copy_(2, self.rows, value)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+class Step(torch.nn.Module):
+    """One decoding step of ``model`` on an :class:`InputKV` cache: the function a package holds
+    (and the eager fallback for prefill chunks larger than every bucket). Returns the final hidden
+    states when ``hidden`` (the head is applied afterwards, to the rows that need it), else logits."""
+
+    def __init__(self, model: torch.nn.Module, hidden: bool) -> None:
+        super().__init__()
+        self.model, self.hidden = model, hidden
+        # An input embedding the model reads but does not own (a distilled draft shares its
+        # target's): registered here, it is a named weight of the package, bound at load like the
+        # rest, instead of an anonymous constant.
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        if isinstance(embedding, torch.nn.Module) and not any(m is embedding for m in model.modules()):
+            self.shared_embedding = embedding
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+                keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        cache = InputKV(keys, values, rows)
+        net = self.model.base_model if self.hidden else self.model
+        out = net(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                  cache_position=rows)
+        return out.last_hidden_state if self.hidden else out.logits
+
+
+def kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(layers, KV heads, head size) of ``model``'s cache."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim
+
+
+def package_key(model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None) -> dict[str, Any]:
+    """What a package's code depends on (``aot_store``'s key): never the weights' values."""
+    dtype = next(model.parameters()).dtype
+    return {"class": type(model).__name__, "config": model.config.to_json_string(use_diff=False),
+            "dtype": str(dtype), "bucket": bucket, "hidden": hidden,
+            "few_row": plan is not None and plan.kernel(bucket) != "linear", **aot_store.machine()}
+
+
+def expected_build_s(model: torch.nn.Module, packages: int) -> float:
+    return packages * (BUILD_S_FIXED + BUILD_S_PER_LAYER * kv_shape(model)[0])
+
+
+def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None) -> None:
+    """Export ``Step`` for ``bucket`` rows (the cache length dynamic) and package it, weights left out."""
+    layers, heads, dim = kv_shape(model)
+    param = next(model.parameters())
+    cols = torch.export.Dim("columns", min=bucket + 2, max=1 << 22)
+    with torch.inference_mode(False), torch.no_grad(), few_row_layout(plan, bucket):
+        keys = [torch.zeros(1, heads, _FIRST_COLUMNS, dim, dtype=param.dtype) for _ in range(layers)]
+        values = [torch.zeros_like(k) for k in keys]
+        mask = torch.zeros(1, 1, bucket, _FIRST_COLUMNS, dtype=param.dtype)
+        args = (torch.zeros(1, bucket, dtype=torch.long), mask, torch.arange(bucket).view(1, -1),
+                torch.arange(bucket), keys, values)
+        shapes = (None, {3: cols}, None, None, [{2: cols}] * layers, [{2: cols}] * layers)
+        try:
+            program = torch.export.export(Step(model, hidden), args, dynamic_shapes=shapes, strict=False)
+        except Exception as exc:  # (torch.export's errors run over many lines)
+            raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__}: {first_line(exc)}") from exc
+        torch._inductor.aoti_compile_and_package(program, package_path=path,
+                                                 inductor_configs={"aot_inductor.package_constants_in_so": False})
+
+
+def _constants(model: torch.nn.Module, hidden: bool) -> dict[str, torch.Tensor]:
+    step = Step(model, hidden)
+    named = dict(step.named_parameters(remove_duplicate=False))
+    named.update(step.named_buffers(remove_duplicate=False))
+    return named
+
+
+class _Bound:
+    """A loaded package with the model's tensors bound (rebound if the model's storage moved)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner, self.ptrs = runner, ()
+
+    def bind(self, model: torch.nn.Module, hidden: bool) -> None:
+        named = _constants(model, hidden)
+        wanted = self.runner.get_constant_fqns()
+        ptrs = tuple(named[n].data_ptr() if n in named else 0 for n in wanted)
+        if ptrs != self.ptrs:
+            missing = [n for n in wanted if n not in named]
+            if missing:
+                raise DynaTreeError(f"engine='aot' cannot bind {type(model).__name__}'s package: it reads tensors "
+                                    f"that are not the model's weights ({', '.join(missing[:3])}); use engine='hf'")
+            self.runner.load_constants({n: named[n] for n in wanted}, check_full_update=True, user_managed=True)
+            self.ptrs = ptrs
+
+
+#: Loaded packages per model (weakly: never keeps a model alive) and package key.
+_LOADED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, _Bound]]" = weakref.WeakKeyDictionary()
+
+
+def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan: LinearPlan | None,
+             log: Any = None) -> dict[int, _Bound]:
+    """The bound package of each bucket: loaded from the store, built first where missing."""
+    import json
+
+    loaded = _LOADED.setdefault(model, {})
+    keys = {b: package_key(model, b, hidden, plan) for b in buckets}
+    names = {b: json.dumps(k, sort_keys=True) for b, k in keys.items()}
+    todo = [b for b in buckets if names[b] not in loaded and not aot_store.cached(keys[b])]
+    bar = None
+    if todo:
+        (log or _notice)(f"dynatree: building the aot engine for {type(model).__name__}: {len(todo)} package(s), about "
+                         f"{expected_build_s(model, len(todo)) / 60:.1f} min on a 2-core CPU, once per model shape "
+                         f"and machine (kept in {aot_store.cache_dir()})")
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="aot packages", unit="pkg", dynamic_ncols=True, file=sys.stderr)
+    out = {}
+    try:
+        for b in buckets:
+            if names[b] not in loaded:
+                def load(path: str, b: int = b) -> _Bound:
+                    bound = _Bound(torch._inductor.aoti_load_package(path))
+                    bound.bind(model, hidden)
+                    return bound
+
+                loaded[names[b]], built = aot_store.obtain(
+                    keys[b], lambda path, b=b: build_package(path, model, b, hidden, plan), load)
+                if bar is not None and b in todo:
+                    bar.update(1)
+            out[b] = loaded[names[b]]
+            out[b].bind(model, hidden)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def all_cached(model: torch.nn.Module, buckets: Sequence[int], plan: LinearPlan | None) -> bool:
+    """Whether every package of ``buckets`` is on disk for ``model`` (what ``engine="auto"`` asks)."""
+    from dynatree.runtime.cache import plain_head
+
+    hidden = plain_head(model)
+    return all(aot_store.cached(package_key(model, b, hidden, plan)) for b in buckets)
+
+
+def _notice(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class AOTCachedModel(CachedModel):
+    """A model and its KV cache, each step run by an AOTInductor package (see the module's doc).
+
+    Calls are padded to the smallest bucket that holds them, as on the static engine: padding
+    rows write KV rows after the real ones, are masked from every later query, and are then
+    overwritten. Compaction gathers accepted rows in place."""
+
+    engine = "aot"
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, capacity: int, buckets: Sequence[int] | None = None,
+                 cpu_linear: bool | LinearPlan = False) -> None:
+        super().__init__(model, vocab_size, cpu_linear)
+        if self.device.type != "cpu":
+            raise DynaTreeError(f"engine='aot' runs on a CPU; on {self.device.type} use engine='static' with compile=True")
+        if self.layout is not None:
+            raise DynaTreeError(f"engine='aot' supports full-attention models only; {type(model).__name__} has "
+                                "sliding-window layers (use engine='hf')")
+        self.cache = None  # (the KV lives in self.keys / self.values)
+        self.buckets = tuple(sorted(buckets)) if buckets else BUCKETS
+        self.max_tree_rows = self.buckets[-1]
+        self._hidden = self.plain_head()
+        self._packages = packages(model, self.buckets, self._hidden, self.linear_plan)
+        self._eager = Step(model, self._hidden)
+        layers, heads, dim = kv_shape(model)
+        self._kv_shape = (layers, heads, dim)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._allocate(min(max(capacity, _FIRST_COLUMNS), _FIRST_COLUMNS))
+        self._length = 0
+
+    # -------------------------------------------------------------------------------- storage
+    def _allocate(self, columns: int) -> None:
+        """(Re)allocate the cache with ``columns`` columns, keeping the rows cached so far."""
+        layers, heads, dim = self._kv_shape
+        old_k, old_v = self.keys, self.values
+        self.keys = [torch.zeros(1, heads, columns, dim, dtype=self.dtype) for _ in range(layers)]
+        self.values = [torch.zeros(1, heads, columns, dim, dtype=self.dtype) for _ in range(layers)]
+        for new, old in zip(self.keys + self.values, old_k + old_v):
+            n = min(old.shape[2], columns)
+            new[:, :, :n] = old[:, :, :n]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0
+        self.calls = 0
+
+    # -------------------------------------------------------------------------------- calls
+    def call(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+             base: bool = False, **inputs: Any) -> Any:
+        raise DynaTreeError("engine='aot' runs plain steps only (extra model inputs need engine='hf')")
+
+    def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = (),
+                logits: bool = False) -> torch.Tensor | None:
+        """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens (those larger than every
+        bucket run the same step eagerly, unpadded)."""
+        step = max(self.buckets[-1], PREFILL_CHUNK)
+        parts = [super(AOTCachedModel, self).prefill(list(tokens[i : i + step]), hidden, layers,
+                                                     logits and i + step >= len(tokens))
+                 for i in range(0, len(tokens), step)]
+        if not hidden:
+            return parts[-1] if logits and parts else None
+        return torch.cat(parts) if parts else super().prefill([], hidden, layers)
+
+    def forward(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+                last_only: bool = False) -> torch.Tensor:
+        rows = self._run(tokens, positions, visible, since, last_only)
+        if self._hidden:
+            rows = self.apply_head(rows)
+        return rows[:, : self.vocab_size].float()
+
+    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                       since: int) -> torch.Tensor:
+        if not self._hidden:
+            raise DynaTreeError("this model's logits are not head(hidden states); use forward()")
+        return self._run(tokens, positions, visible, since, False)
+
+    def forward_features(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                         since: int, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        if layers:
+            raise DynaTreeError(f"fused target features (layers {list(layers)}) need the hf engine, not 'aot'")
+        hidden = self.forward_hidden(tokens, positions, visible, since)
+        return hidden, hidden
+
+    def _run(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+             last_only: bool) -> torch.Tensor:
+        """One padded step by its bucket's package (an unpadded eager one for a prefill chunk
+        larger than every bucket); the real rows of its output."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
+        q, length = tokens.numel(), self._length
+        bucket = next((b for b in self.buckets if b >= q), None)
+        if bucket is None and not (visible.shape[1] == q and torch.equal(visible, torch.ones(q, q, dtype=torch.bool).tril())):
+            raise DynaTreeError(f"a call of {q} tree rows exceeds the aot engine's largest bucket ({self.buckets[-1]})")
+        width = bucket or q
+        if length + width > self.capacity:
+            self._allocate(1 << (length + width - 1).bit_length())
+        self.calls += 1
+        # A package reads the whole cache (its length is the package's dynamic dimension); an eager
+        # chunk reads only the rows it attends to, through views (a package's inputs must be whole).
+        columns = self.capacity if bucket else length + q
+        ids, pos, allowed = padded_step_inputs(tokens, positions, visible, since, length, width, columns)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        args = (ids, mask.view(1, 1, width, -1), pos, torch.arange(length, length + width))
+        if bucket is None:
+            with few_row_layout(self.linear_plan, q):
+                out = self._eager(*args, [k[:, :, :columns] for k in self.keys], [v[:, :, :columns] for v in self.values])
+        else:
+            out = self._packages[bucket].runner(*args, self.keys, self.values)
+        self._length = length + q
+        return out[0, q - 1 : q] if last_only else out[0, :q]
+
+    def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
+        keep_t = torch.as_tensor(keep, dtype=torch.long)
+        k = int(keep_t.numel())
+        if k and not (int(keep_t[0]) == start and int(keep_t[-1]) == start + k - 1):
+            for t in self.keys + self.values:
+                t[:, :, start : start + k] = t[:, :, keep_t]
+        self._length = start + k

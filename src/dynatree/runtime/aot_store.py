@@ -1,0 +1,141 @@
+"""Where the ahead-of-time compiled engine keeps its packages: built once per model shape and
+machine, loaded by every later process in milliseconds.
+
+A package is an AOTInductor ``.pt2`` file of one decoding step (:mod:`dynatree.runtime.aot_engine`).
+It holds code only, never weights (the engine binds the live model's tensors at load), so its key
+is what the code depends on: the model's class and config, the dtype, the step's row count and
+output, the CPU, and the torch and transformers versions. A changed library or CPU gives a new
+key, so a stale package is never found, let alone loaded.
+
+Three rules keep a package from being trusted when it should not be:
+
+- a build writes to a temporary file and renames it into place, so no reader sees half a file;
+- a second process that wants the same package while it is being built waits on a lock file
+  (``fcntl.flock``) and then loads the finished one instead of building it again;
+- every package has a SHA-256 sidecar written after it; a package whose bytes do not match, or
+  that fails to load, is deleted and built again.
+
+Folder: ``$DYNATREE_CACHE_DIR/aot`` if the variable is set, else the platform's user cache dir,
+beside the linear plans and the cost profiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+#: Bump when the step the packages hold changes, so older packages are never loaded.
+FORMAT = 1
+
+_T = TypeVar("_T")
+
+
+def cache_dir() -> Path:
+    """``$DYNATREE_CACHE_DIR/aot`` or the user cache dir."""
+    from dynatree.core.costmodel import ENV_DIR
+
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("dynatree")
+    return Path(root) / "aot"
+
+
+def machine() -> dict[str, Any]:
+    """What compiled code depends on besides the model: the CPU and the libraries that built it."""
+    import torch
+    import transformers
+
+    from dynatree.runtime.devices import cpu_model
+
+    return {"cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def path_for(key: Mapping[str, Any]) -> Path:
+    """The package file of ``key`` (which need not exist)."""
+    digest = hashlib.sha256(json.dumps({"format": FORMAT, **key}, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return cache_dir() / f"{digest}.pt2"
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def intact(path: Path) -> bool:
+    """Whether ``path`` exists and matches the checksum written when it was built."""
+    try:
+        return path.is_file() and path.with_suffix(".sha256").read_text().strip() == _digest(path)
+    except OSError:
+        return False
+
+
+def discard(path: Path) -> None:
+    """Remove a package and its sidecar (a corrupt or unloadable one)."""
+    for p in (path, path.with_suffix(".sha256")):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold ``path``'s build lock: one process builds a package at a time, the others wait."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_into(path: Path, build: Callable[[str], None], meta: Mapping[str, Any]) -> float:
+    """Run ``build(tmp_path)`` and move its file into place with its checksum; returns seconds."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.pt2")
+    start = time.perf_counter()
+    try:
+        build(str(tmp))
+        path.with_suffix(".sha256").unlink(missing_ok=True)  # (no sidecar ever vouches for a file being replaced)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    seconds = time.perf_counter() - start
+    path.with_suffix(".json").write_text(json.dumps({**meta, "build_s": round(seconds, 1)}, indent=1, default=str))
+    path.with_suffix(".sha256").write_text(_digest(path))
+    return seconds
+
+
+def obtain(key: Mapping[str, Any], build: Callable[[str], None], load: Callable[[str], _T]) -> tuple[_T, bool]:
+    """The loaded package of ``key``, built first if it is missing, corrupt or fails to load;
+    returns it and whether it was built now. ``build`` writes a package to the path it is given;
+    ``load`` turns a package path into what the caller runs (and raises if it cannot)."""
+    path = path_for(key)
+    if intact(path):
+        with contextlib.suppress(Exception):
+            return load(str(path)), False
+    with locked(path):
+        if intact(path):  # (another process finished it while this one waited)
+            with contextlib.suppress(Exception):
+                return load(str(path)), False
+        discard(path)
+        build_into(path, build, key)
+        return load(str(path)), True
+
+
+def cached(key: Mapping[str, Any]) -> bool:
+    """Whether an intact package of ``key`` is on disk (what ``engine="auto"`` asks)."""
+    return intact(path_for(key))

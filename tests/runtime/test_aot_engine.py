@@ -1,0 +1,297 @@
+"""The ahead-of-time compiled engine (``engine="aot"``): exact on every strategy and draft kind,
+built once and loaded after, refused where it cannot be exact.
+
+Packages hold code, not weights, and are keyed by the model's config: the tiny target, its
+perturbed draft and an unrelated random model of the same architecture share one set, built once
+for this module (about 10 s a package on a 2-core CPU) in a temporary cache folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import dynatree
+import dynatree.core.verify
+from dynatree import STRATEGIES, EngineOptions, StoppingConfig
+from dynatree.core.costmodel import ENV_DIR
+from dynatree.errors import DynaTreeError
+from dynatree.runtime import aot_engine, aot_store, engines
+from dynatree.runtime.aot_engine import AOTCachedModel
+from tiny import SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model, window_model
+
+BUCKETS = (1, 4, 32)  # (trees of SMALL_TREES take up to 25 rows)
+NO_EOS = StoppingConfig(eos_token_id=())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("aot-cache")
+    saved = os.environ.get(ENV_DIR)
+    os.environ[ENV_DIR] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop(ENV_DIR, None)
+    else:
+        os.environ[ENV_DIR] = saved
+
+
+@pytest.fixture(scope="module")
+def llama() -> dict[str, torch.nn.Module]:
+    target = tiny_model("llama", 0)
+    return {"target": target, "self": target, "random": tiny_model("llama", 7), "perturbed": perturbed(target)}
+
+
+def prompt(length: int, seed: int) -> torch.Tensor:
+    return torch.randint(2, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run(models, strategy: str, draft: str, ids: torch.Tensor, n: int, buckets=BUCKETS, **kw):
+    return dynatree.generate(models["target"], models[draft], ids, strategy, max_new_tokens=n, stopping=NO_EOS,
+                             options=EngineOptions(engine="aot", buckets=buckets), text=False,
+                             **{**SMALL_TREES.get(strategy, {}), **kw})
+
+
+# ------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_equals_hf_greedy(llama, strategy: str) -> None:
+    for draft in ("self", "random", "perturbed"):
+        for length, seed, n in [(1, 0, 24), (13, 2, 33)]:
+            ids = prompt(length, seed)
+            out = run(llama, strategy, draft, ids, n)
+            assert torch.equal(out.sequences, hf_greedy(llama["target"], ids, n)), (strategy, draft, length)
+
+
+def test_text_and_hybrid_drafts_equal_hf_greedy(llama) -> None:
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
+    ref = hf_greedy(llama["target"], ids, 40)
+    for draft in (None, llama["perturbed"]):  # the text alone; the draft model and the text in one tree
+        out = dynatree.generate(llama["target"], draft, ids, "dynatree", max_new_tokens=40, stopping=NO_EOS,
+                                options=EngineOptions(engine="aot", buckets=BUCKETS), text=True)
+        assert torch.equal(out.sequences, ref)
+
+
+def test_prefill_longer_than_every_bucket_runs_eagerly_and_stays_exact(llama) -> None:
+    ids = prompt(70, 3)  # 70 > 32: one unpadded eager chunk, then packaged steps
+    out = run(llama, "dynatree", "perturbed", ids, 30)
+    assert torch.equal(out.sequences, hf_greedy(llama["target"], ids, 30))
+
+
+def test_learned_positions_model_equals_hf_greedy() -> None:
+    target = tiny_model("gpt2", 0)
+    ids = prompt(9, 4)
+    out = run({"target": target, "d": perturbed(target)}, "dynatree", "d", ids, 40, buckets=(1, 32))
+    assert torch.equal(out.sequences, hf_greedy(target, ids, 40))
+
+
+def test_the_cache_grows_past_its_first_allocation(llama) -> None:
+    """A run longer than the first 64 columns reallocates the cache (same package: the cache's
+    length is a dynamic dimension) and stays exact."""
+    ids = prompt(5, 5)
+    out = run(llama, "dynatree", "perturbed", ids, 150)
+    assert torch.equal(out.sequences, hf_greedy(llama["target"], ids, 150))
+
+
+def _detected(llama, monkeypatch, name: str, owner, replacement) -> bool:
+    monkeypatch.setattr(owner, name, replacement)
+    ids = prompt(6, 4)
+    ref = hf_greedy(llama["target"], ids, 40)
+    return any(not torch.equal(run(llama, s, "perturbed", ids, 40).sequences, ref) for s in ("fixed", "dynatree", "linear"))
+
+
+def test_control_a_kv_row_left_in_place_after_a_rejected_branch_is_caught(llama, monkeypatch) -> None:
+    compact = AOTCachedModel.compact
+
+    def broken(self, start, keep):  # the accepted rows are not gathered: rejected siblings' rows stay
+        keep = list(keep)
+        self._length = start + len(keep)
+
+    assert _detected(llama, monkeypatch, "compact", AOTCachedModel, broken)
+    monkeypatch.setattr(AOTCachedModel, "compact", compact)
+
+
+def test_control_a_mask_that_lets_a_node_see_its_sibling_is_caught(llama, monkeypatch) -> None:
+    def sees_siblings(parent: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        return torch.ones(parent.numel(), parent.numel(), dtype=torch.bool).tril()
+
+    assert _detected(llama, monkeypatch, "ancestor_matrix", dynatree.core.verify, sees_siblings)
+
+
+# ------------------------------------------------------------------------------- the store
+def test_packages_are_built_once_and_then_loaded(llama) -> None:
+    run(llama, "dynatree", "perturbed", prompt(3, 1), 8)
+    plan = AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS).linear_plan
+    packages = [aot_store.path_for(aot_engine.package_key(llama["target"], b, True, plan)) for b in BUCKETS]
+    assert all(aot_store.intact(p) for p in packages)
+    assert aot_engine.all_cached(llama["target"], BUCKETS, plan)
+    assert not aot_engine.all_cached(llama["target"], BUCKETS + (64,), plan)
+    stamps = [p.stat().st_mtime_ns for p in packages]
+    run(llama, "linear", "random", prompt(3, 1), 8, k=4)
+    assert [p.stat().st_mtime_ns for p in packages] == stamps
+
+
+def test_a_second_process_loads_the_packages_without_building(llama, cache_dir: Path) -> None:
+    run(llama, "autoregressive", "self", prompt(3, 1), 4)  # (built here if not yet)
+    code = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        import dynatree
+        from dynatree import EngineOptions, StoppingConfig
+        from tiny import tiny_model, hf_greedy
+        t = tiny_model("llama", 0)
+        ids = torch.tensor([[3, 4, 5]])
+        out = dynatree.generate(t, t, ids, "dynatree", max_new_tokens=12, stopping=StoppingConfig(eos_token_id=()),
+                                options=EngineOptions(engine="aot", buckets={BUCKETS}), text=False,
+                                tau=0.0, max_nodes=24)
+        print("EQUAL", torch.equal(out.sequences, hf_greedy(t, ids, 12)))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, ENV_DIR: str(cache_dir)}, timeout=600)
+    assert "EQUAL True" in done.stdout, done.stderr[-2000:]
+    assert "building the aot engine" not in done.stderr
+
+
+def _fake(tmp_path: Path, monkeypatch) -> tuple[dict, list]:
+    monkeypatch.setattr(aot_store, "cache_dir", lambda: tmp_path)
+    built: list[str] = []
+
+    def build(path: str) -> None:
+        built.append(path)
+        Path(path).write_bytes(b"package " + str(len(built)).encode())
+
+    return {"model": "m", "bucket": 1}, built, build
+
+
+def test_a_corrupt_package_is_rebuilt_never_trusted(tmp_path: Path, monkeypatch) -> None:
+    key, built, build = _fake(tmp_path, monkeypatch)
+    read = lambda p: Path(p).read_bytes()  # noqa: E731
+    assert aot_store.obtain(key, build, read) == (b"package 1", True)
+    assert aot_store.obtain(key, build, read) == (b"package 1", False)
+    path = aot_store.path_for(key)
+    path.write_bytes(b"package 1 with a flipped bit")  # bytes changed after the build: checksum fails
+    assert aot_store.obtain(key, build, read) == (b"package 2", True)
+    path.write_bytes(path.read_bytes()[:3])  # torn
+    assert aot_store.obtain(key, build, read) == (b"package 3", True)
+
+
+def test_a_package_that_fails_to_load_is_rebuilt(tmp_path: Path, monkeypatch) -> None:
+    key, built, build = _fake(tmp_path, monkeypatch)
+    aot_store.obtain(key, build, lambda p: p)
+    calls = []
+
+    def load(path: str) -> str:
+        calls.append(path)
+        if len(calls) <= 2:  # (the check outside the lock and the one inside it)
+            raise RuntimeError("not a package")
+        return "ok"
+
+    assert aot_store.obtain(key, build, load) == ("ok", True)
+    assert len(built) == 2
+
+
+def test_a_changed_library_or_cpu_is_another_key() -> None:
+    a = aot_store.path_for({"torch": "2.13.0", "cpu": "EPYC"})
+    assert a != aot_store.path_for({"torch": "2.14.0", "cpu": "EPYC"})
+    assert a != aot_store.path_for({"torch": "2.13.0", "cpu": "Xeon"})
+
+
+def test_two_processes_building_at_once_build_it_once(tmp_path: Path) -> None:
+    code = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from dynatree.runtime import aot_store
+        aot_store.cache_dir = lambda: Path({str(tmp_path)!r})
+        def build(path):
+            with open({str(tmp_path / 'builds.log')!r}, "a") as f:
+                f.write("build\\n")
+            time.sleep(1.0)
+            Path(path).write_bytes(b"the package")
+        print(aot_store.obtain({{"k": 1}}, build, lambda p: Path(p).read_bytes())[0])
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all("the package" in o for o in outs), outs
+    assert (tmp_path / "builds.log").read_text().count("build") == 1
+
+
+# ------------------------------------------------------------------------------- choices
+def test_auto_takes_aot_once_its_packages_are_built(llama, monkeypatch) -> None:
+    monkeypatch.setattr(engines, "AUTO_MIN_PARAMS", 1)
+    model = llama["target"]
+    options = EngineOptions(buckets=BUCKETS)
+    monkeypatch.setattr(aot_engine, "all_cached", lambda m, b, p: False)
+    assert engines.resolve(options, model).engine == "hf"
+    monkeypatch.setattr(aot_engine, "all_cached", lambda m, b, p: True)
+    assert engines.resolve(options, model).engine == "aot"
+    assert engines.resolve(options.replace(kv_window=64), model).engine == "hf"
+
+
+def test_refusals_are_one_line(llama) -> None:
+    cases = [
+        (lambda: EngineOptions(engine="aot", compile=True), "engine='aot' is compiled ahead of time"),
+        (lambda: EngineOptions(engine="aot", kv_window=64), "kv_window) works with engine='hf' only"),
+        (lambda: AOTCachedModel(window_model("mistral"), VOCAB, 8, BUCKETS), "sliding-window layers"),
+        (lambda: AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS).call([1], torch.arange(1),
+                                                                          torch.ones(1, 1, dtype=torch.bool), 0),
+         "runs plain steps only"),
+        (lambda: AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS).forward_features(
+            [1], torch.arange(1), torch.ones(1, 1, dtype=torch.bool), 0, layers=(0,)), "need the hf engine"),
+    ]
+    for make, message in cases:
+        with pytest.raises(DynaTreeError) as err:
+            make()
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_tree_larger_than_every_bucket_is_refused(llama) -> None:
+    kv = AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS)
+    kv.prefill([2, 3])
+    visible = torch.eye(40, dtype=torch.bool)  # 40 roots: a tree, not a causal chain
+    with pytest.raises(DynaTreeError, match="exceeds the aot engine's largest bucket"):
+        kv.forward(list(range(40)), torch.full((40,), 2), visible, 2)
+
+
+# ------------------------------------------------------------------------------- sampling
+def _aot_pvalues(biased: bool, monkeypatch) -> tuple[list[float], float]:
+    """The sampling suite's chi-square check (tests/exactness/test_sampling.py: the first tokens'
+    counts over seeded runs against the target's exact marginals) with DySpec on the aot engine."""
+    from dynatree.core import verify
+    from dynatree.core.sampling import SamplingConfig
+    from exactness.test_sampling import POSITIONS, PROMPT, RUNS, T_MAIN, V, chi_square_pvalue, exact_marginals
+
+    target = tiny_model("llama", 3, vocab=V, layers=1, init=0.3)
+    draft = perturbed(target, 0.2, 7)
+    if biased:  # control: the residual skipped after a rejection biases the output towards drafted tokens
+        monkeypatch.setattr(verify, "residual", lambda r, d, x: r)
+    cfg = SamplingConfig(T_MAIN)
+    counts, deep = torch.zeros(POSITIONS, V), 0
+    for seed in range(RUNS):
+        out = dynatree.generate(target, draft, PROMPT, "dyspec", max_new_tokens=POSITIONS + 1, stopping=NO_EOS,
+                                sampling=cfg, seed=seed, max_nodes=8, text=False,
+                                options=EngineOptions(engine="aot", buckets=(1, 16)))
+        tokens = out.sequences[0, len(PROMPT):len(PROMPT) + POSITIONS]
+        counts[torch.arange(POSITIONS), tokens] += 1
+        deep += out.stats.rounds[0].committed >= POSITIONS
+    exact = exact_marginals(target, cfg, POSITIONS)
+    return [chi_square_pvalue(counts[i], exact[i])[2] for i in range(POSITIONS)], deep / RUNS
+
+
+def test_sampled_tokens_follow_the_target_distribution(monkeypatch) -> None:
+    from exactness.test_sampling import ALPHA
+
+    ps, deep = _aot_pvalues(False, monkeypatch)
+    assert min(ps) >= ALPHA, f"p-values {ps}"
+    assert deep >= 0.25, f"only {deep:.0%} of runs produced the last compared token inside the first tree"
+
+
+def test_control_a_biased_verifier_on_the_aot_engine_is_caught(monkeypatch) -> None:
+    from exactness.test_sampling import ALPHA
+
+    ps, _ = _aot_pvalues(True, monkeypatch)
+    assert min(ps) < ALPHA, f"biased verifier not detected: p-values {ps}"
