@@ -436,7 +436,7 @@ def run_bench(
     for s in compiled:  # whether the aot engine's packages were on disk before this run, or built by it
         if resolved[s.label].engine == "aot":
             records[s.label]["aot_packages"] = "loaded" if _aot_ready(target, draft if s.uses_draft else None,
-                                                                      resolved[s.label]) else "built
+                                                                      resolved[s.label]) else "built"
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise DynaTreeError("prompt ids must be unique")
