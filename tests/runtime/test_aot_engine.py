@@ -1,9 +1,10 @@
 """The ahead-of-time compiled engine (``engine="aot"``): exact on every strategy and draft kind,
 built once and loaded after, refused where it cannot be exact.
 
-Packages hold code, not weights, and are keyed by the model's config: the tiny target, its
-perturbed draft and an unrelated random model of the same architecture share one set, built once
-for this module (about 10 s a package on a 2-core CPU) in a temporary cache folder.
+Unfrozen packages hold code, not weights, and are keyed by the model's config: the tiny target and
+its perturbed draft share them. Frozen ones (the buckets the suite's pinned plan runs on packed
+weights: 4 rows and up) hold the weights and are keyed by their digest, so each model has its own.
+All are built once for this module (about 10 s a package on a 2-core CPU) in a temporary folder.
 """
 
 from __future__ import annotations
@@ -58,10 +59,20 @@ def run(models, strategy: str, draft: str, ids: torch.Tensor, n: int, buckets=BU
                              **{**SMALL_TREES.get(strategy, {}), **kw})
 
 
+def _plan(model: torch.nn.Module):
+    """The few-row plan a run on ``model`` takes (the suite pins the EPYC layout: packed from 4 rows)."""
+    return engines.resolve(EngineOptions(engine="aot"), model).linear_plan
+
+
+def _engine(llama) -> AOTCachedModel:
+    """The target's aot engine as runs build it (its packages are built by the first test)."""
+    return AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS, cpu_linear=_plan(llama["target"]))
+
+
 # ------------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_equals_hf_greedy(llama, strategy: str) -> None:
-    for draft in ("self", "random", "perturbed"):
+    for draft in ("self", "perturbed"):  # (the target as its own draft: every node accepted)
         for length, seed, n in [(1, 0, 24), (13, 2, 33)]:
             ids = prompt(length, seed)
             out = run(llama, strategy, draft, ids, n)
@@ -86,8 +97,45 @@ def test_prefill_longer_than_every_bucket_runs_eagerly_and_stays_exact(llama) ->
 def test_learned_positions_model_equals_hf_greedy() -> None:
     target = tiny_model("gpt2", 0)
     ids = prompt(9, 4)
-    out = run({"target": target, "d": perturbed(target)}, "dynatree", "d", ids, 40, buckets=(1, 32))
+    out = run({"target": target, "d": perturbed(target)}, "linear", "d", ids, 40, buckets=(1, 3), k=2)
     assert torch.equal(out.sequences, hf_greedy(target, ids, 40))
+
+
+def test_frozen_packages_are_the_packed_buckets_within_the_memory_budget(llama, monkeypatch) -> None:
+    from dynatree.runtime.kernels import cpu_linear
+
+    plan = _plan(llama["target"])
+    assert aot_engine.frozen_buckets(llama["target"], BUCKETS, plan) == {4, 32}  # (the pinned plan: packed from 4)
+    size = sum(p.numel() * p.element_size() for p in llama["target"].parameters())
+    monkeypatch.setattr(cpu_linear, "packing_budget", lambda already=0: size)  # room for one copy
+    assert aot_engine.frozen_buckets(llama["target"], BUCKETS, plan) == {32}
+    assert aot_engine.frozen_buckets(llama["target"], BUCKETS, None) == frozenset()
+
+
+def test_a_frozen_package_serves_only_the_weights_it_holds(llama, monkeypatch) -> None:
+    """Two models of one config: each runs on its own frozen packages and equals its own greedy
+    output. Control: with the weights left out of the key, the second model runs on the first
+    one's weights and the check fails."""
+    ids, buckets = prompt(6, 4), (1, 32)  # (32: frozen; the target as its own draft: no draft packages)
+    other = tiny_model("llama", 11)
+    out = run({"target": other, "self": other}, "fixed", "self", ids, 30, buckets=buckets)
+    assert torch.equal(out.sequences, hf_greedy(other, ids, 30))
+    monkeypatch.setattr(aot_engine, "weights_digest", lambda model: "the same for every model")
+    aot_engine._LOADED.clear()
+    run({"target": other, "self": other}, "fixed", "self", ids, 4, buckets=buckets)  # (built under the shared key)
+    third = tiny_model("llama", 12)
+    out = run({"target": third, "self": third}, "fixed", "self", ids, 30, buckets=buckets)
+    assert not torch.equal(out.sequences, hf_greedy(third, ids, 30))
+    aot_engine._LOADED.clear()
+
+
+def test_a_weight_changed_in_place_gets_its_own_package(monkeypatch) -> None:
+    model = tiny_model("llama", 13)
+    before = aot_engine.weights_digest(model)
+    assert aot_engine.weights_digest(model) == before
+    with torch.no_grad():
+        next(model.parameters()).add_(0.5)
+    assert aot_engine.weights_digest(model) != before
 
 
 def test_the_cache_grows_past_its_first_allocation(llama) -> None:
@@ -126,13 +174,15 @@ def test_control_a_mask_that_lets_a_node_see_its_sibling_is_caught(llama, monkey
 # ------------------------------------------------------------------------------- the store
 def test_packages_are_built_once_and_then_loaded(llama) -> None:
     run(llama, "dynatree", "perturbed", prompt(3, 1), 8)
-    plan = AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS).linear_plan
-    packages = [aot_store.path_for(aot_engine.package_key(llama["target"], b, True, plan)) for b in BUCKETS]
+    plan = _plan(llama["target"])
+    frozen = aot_engine.frozen_buckets(llama["target"], BUCKETS, plan)
+    packages = [aot_store.path_for(aot_engine.package_key(llama["target"], b, True, plan, b in frozen))
+                for b in BUCKETS]
     assert all(aot_store.intact(p) for p in packages)
     assert aot_engine.all_cached(llama["target"], BUCKETS, plan)
     assert not aot_engine.all_cached(llama["target"], BUCKETS + (64,), plan)
     stamps = [p.stat().st_mtime_ns for p in packages]
-    run(llama, "linear", "random", prompt(3, 1), 8, k=4)
+    run(llama, "linear", "self", prompt(3, 1), 8, k=4)
     assert [p.stat().st_mtime_ns for p in packages] == stamps
 
 
@@ -237,10 +287,9 @@ def test_refusals_are_one_line(llama) -> None:
         (lambda: EngineOptions(engine="aot", compile=True), "engine='aot' is compiled ahead of time"),
         (lambda: EngineOptions(engine="aot", kv_window=64), "kv_window) works with engine='hf' only"),
         (lambda: AOTCachedModel(window_model("mistral"), VOCAB, 8, BUCKETS), "sliding-window layers"),
-        (lambda: AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS).call([1], torch.arange(1),
-                                                                          torch.ones(1, 1, dtype=torch.bool), 0),
+        (lambda: _engine(llama).call([1], torch.arange(1), torch.ones(1, 1, dtype=torch.bool), 0),
          "runs plain steps only"),
-        (lambda: AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS).forward_features(
+        (lambda: _engine(llama).forward_features(
             [1], torch.arange(1), torch.ones(1, 1, dtype=torch.bool), 0, layers=(0,)), "need the hf engine"),
     ]
     for make, message in cases:
@@ -250,7 +299,7 @@ def test_refusals_are_one_line(llama) -> None:
 
 
 def test_a_tree_larger_than_every_bucket_is_refused(llama) -> None:
-    kv = AOTCachedModel(llama["target"], VOCAB, 8, BUCKETS)
+    kv = _engine(llama)
     kv.prefill([2, 3])
     visible = torch.eye(40, dtype=torch.bool)  # 40 roots: a tree, not a causal chain
     with pytest.raises(DynaTreeError, match="exceeds the aot engine's largest bucket"):
@@ -260,7 +309,8 @@ def test_a_tree_larger_than_every_bucket_is_refused(llama) -> None:
 # ------------------------------------------------------------------------------- sampling
 def _aot_pvalues(biased: bool, monkeypatch) -> tuple[list[float], float]:
     """The sampling suite's chi-square check (tests/exactness/test_sampling.py: the first tokens'
-    counts over seeded runs against the target's exact marginals) with DySpec on the aot engine."""
+    counts over seeded runs against the target's exact marginals) with DySpec on the aot engine
+    (``F.linear`` kept: unfrozen packages, shared by the target and its draft)."""
     from dynatree.core import verify
     from dynatree.core.sampling import SamplingConfig
     from exactness.test_sampling import POSITIONS, PROMPT, RUNS, T_MAIN, V, chi_square_pvalue, exact_marginals
@@ -274,7 +324,7 @@ def _aot_pvalues(biased: bool, monkeypatch) -> tuple[list[float], float]:
     for seed in range(RUNS):
         out = dynatree.generate(target, draft, PROMPT, "dyspec", max_new_tokens=POSITIONS + 1, stopping=NO_EOS,
                                 sampling=cfg, seed=seed, max_nodes=8, text=False,
-                                options=EngineOptions(engine="aot", buckets=(1, 16)))
+                                options=EngineOptions(engine="aot", buckets=(1, 16), cpu_linear=False))
         tokens = out.sequences[0, len(PROMPT):len(PROMPT) + POSITIONS]
         counts[torch.arange(POSITIONS), tokens] += 1
         deep += out.stats.rounds[0].committed >= POSITIONS

@@ -34,6 +34,9 @@ def main() -> None:
     from dynatree.bench.sysinfo import machine_info
     from dynatree.loading import models
 
+    from dynatree.bench.sysinfo import provenance
+
+    code = provenance().get("code")  # (at the start: the code that runs, not what the tree holds after)
     target, tok = models.load_model("smollm2-135m")
     draft = models.resolve_draft("smollm2-135m-distilled", target)
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -77,12 +80,11 @@ def main() -> None:
                 else:
                     equal += out == refs[pid]
     (args.dir / "prompts.json").write_text(json.dumps({"prompts": prompts, "refs": refs}))
-    from dynatree.bench.sysinfo import provenance
     from dynatree.runtime import aot_store
 
     builds = [json.loads(p.read_text()).get("build_s") for p in aot_store.cache_dir().glob("*.json")]
     result = {"machine": machine_info(), "threads": args.threads, "prompts": len(prompts), "passes": 2,
-              "date": time.strftime("%Y-%m-%d"), "code": provenance().get("code"),
+              "date": time.strftime("%Y-%m-%d"), "code": code,
               "tokens_per_second": {k: round(statistics.mean(v), 1) for k, v in rates.items()},
               "pooled_tokens_per_second": {k: round(n / t, 1) for k, (n, t) in pooled.items()},
               "aot_ready_s": round(aot_ready_s, 1), "aot_package_build_s": sorted(b for b in builds if b is not None),

@@ -10,14 +10,18 @@ The step a package holds takes the engine's own arguments, so every tree the loo
 on it: the tokens padded to the package's row count (its *bucket*), a 4-D additive mask over the
 cache's columns, the positions, the cache rows to write, and the KV cache itself as tensors the
 step writes in place (``InputKV``). The cache's length is a dynamic dimension, so one package
-serves every cache size and the cache grows by doubling without a rebuild. A package holds no
-weights: they are bound at load to the live model's tensors (``user_managed``), shared by every
-bucket, so an engine costs no second copy of the model.
+serves every cache size and the cache grows by doubling without a rebuild.
 
-The few-row kernel plan (:mod:`dynatree.runtime.kernels.linear_plan`) is traced in: an export
-inside the plan's layout multiplies few rows as ``weight @ x.T``. On the 2-core EPYC that made a
-one-row step of SmolLM2-135M 22.8 ms against 54.0 with inductor's own linear lowering
-(``benchmarks/cpu/aoti_step.jsonl``).
+Two kinds of package, chosen per bucket by the few-row kernel plan
+(:mod:`dynatree.runtime.kernels.linear_plan`):
+
+- where the plan multiplies in row-major order (one or two rows on the 2-core EPYC), the export
+  runs inside the plan's layout, so few rows are multiplied as ``weight @ x.T``, and the package
+  holds no weights: they are bound at load to the live model's tensors (``user_managed``). On the
+  2-core EPYC a one-row step of SmolLM2-135M took 22.8 ms so, against 54.0 with inductor's own
+  linear lowering (``benchmarks/cpu/aoti_step.jsonl``);
+- where the plan reads packed weights (more rows), the package is *frozen*: inductor packs the
+  weights for oneDNN inside it (see :func:`frozen_buckets`), and its key is the weights' digest.
 
 Exactness: a step's rows are computed from the same rows of the same cache as the eager engine's,
 by other kernels (float rounding differs, the tokens are verified the same way). Packages are
@@ -26,6 +30,7 @@ CPU-only here; on CUDA, ``engine="static"`` with ``compile=True`` is the compile
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from collections.abc import Sequence
@@ -100,24 +105,79 @@ def kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
     return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim
 
 
-def package_key(model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None) -> dict[str, Any]:
-    """What a package's code depends on (``aot_store``'s key): never the weights' values."""
+def frozen_buckets(model: torch.nn.Module, buckets: Sequence[int], plan: LinearPlan | None) -> frozenset[int]:
+    """The buckets whose package is built with inductor's freezing: those the few-row plan runs on
+    packed weights, as many as a copy of the weights each fits the packing budget.
+
+    Why: traced into a package, the plan's kernels become ``weight @ x.T`` (a packed oneDNN weight
+    cannot be a bound input), which reads the weights once for one or two rows but not for more.
+    Frozen, inductor packs the weights for oneDNN inside the package: a step of 8 rows of
+    SmolLM2-135M took 30.8 ms frozen against 44.6 traced (4 rows 25.7 against 30.3, one row 19.6;
+    2-core EPYC). The price: each frozen package holds its own packed copy of the weights (543 MB
+    on disk and in memory for the embedded target), and its key carries the weights' digest."""
+    from dynatree.runtime.kernels.cpu_linear import packing_budget
+
+    if plan is None:
+        return frozenset()
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    budget, out = packing_budget(), set()
+    for b in sorted(buckets, reverse=True):  # (the largest trees gain most)
+        if plan.kernel(b) == "packed" and size * (len(out) + 1) <= budget:
+            out.add(b)
+    return frozenset(out)
+
+
+#: The weights' digest per model, with the (storage, version) of every tensor it was taken from.
+_DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer of ``model`` (a frozen package holds their values).
+
+    Taken once per model and kept while no tensor is replaced or changed in place (their storage
+    and version counters are compared: about a millisecond); about 0.4 s for the 135M target."""
+    import hashlib
+
+    tensors = [t for _, t in Step(model, False).named_parameters(remove_duplicate=False)] + \
+              [t for _, t in Step(model, False).named_buffers(remove_duplicate=False)]
+    stamp = tuple((t.data_ptr(), t._version if not t.is_inference() else -1, tuple(t.shape)) for t in tensors)
+    hit = _DIGESTS.get(model)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(str((tuple(t.shape), t.dtype)).encode())
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    _DIGESTS[model] = (stamp, h.hexdigest())
+    return _DIGESTS[model][1]
+
+
+def package_key(model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None,
+                frozen: bool = False) -> dict[str, Any]:
+    """What a package depends on (``aot_store``'s key): its code, and for a frozen package the
+    weights it holds (their digest); an unfrozen one holds no weights."""
     dtype = next(model.parameters()).dtype
-    return {"class": type(model).__name__, "config": model.config.to_json_string(use_diff=False),
-            "dtype": str(dtype), "bucket": bucket, "hidden": hidden,
-            "few_row": plan is not None and plan.kernel(bucket) != "linear", **aot_store.machine()}
+    key = {"class": type(model).__name__, "config": model.config.to_json_string(use_diff=False),
+           "dtype": str(dtype), "bucket": bucket, "hidden": hidden,
+           "few_row": plan is not None and plan.kernel(bucket) != "linear", **aot_store.machine()}
+    if frozen:
+        key.update(frozen=True, weights=weights_digest(model))
+    return key
 
 
 def expected_build_s(model: torch.nn.Module, packages: int) -> float:
     return packages * (BUILD_S_FIXED + BUILD_S_PER_LAYER * kv_shape(model)[0])
 
 
-def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None) -> None:
-    """Export ``Step`` for ``bucket`` rows (the cache length dynamic) and package it, weights left out."""
+def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None,
+                  frozen: bool = False) -> None:
+    """Export ``Step`` for ``bucket`` rows (the cache length dynamic) and package it: weights left
+    out and the plan's few-row kernel traced in, or ``frozen`` (weights packed into the package)."""
     layers, heads, dim = kv_shape(model)
     param = next(model.parameters())
     cols = torch.export.Dim("columns", min=bucket + 2, max=1 << 22)
-    with torch.inference_mode(False), torch.no_grad(), few_row_layout(plan, bucket):
+    layout = contextlib.nullcontext() if frozen else few_row_layout(plan, bucket)
+    with torch.inference_mode(False), torch.no_grad(), layout:
         keys = [torch.zeros(1, heads, _FIRST_COLUMNS, dim, dtype=param.dtype) for _ in range(layers)]
         values = [torch.zeros_like(k) for k in keys]
         mask = torch.zeros(1, 1, bucket, _FIRST_COLUMNS, dtype=param.dtype)
@@ -128,8 +188,8 @@ def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, 
             program = torch.export.export(Step(model, hidden), args, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # (torch.export's errors run over many lines)
             raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__}: {first_line(exc)}") from exc
-        torch._inductor.aoti_compile_and_package(program, package_path=path,
-                                                 inductor_configs={"aot_inductor.package_constants_in_so": False})
+        config = {"freezing": True} if frozen else {"aot_inductor.package_constants_in_so": False}
+        torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=config)
 
 
 def _constants(model: torch.nn.Module, hidden: bool) -> dict[str, torch.Tensor]:
@@ -142,10 +202,12 @@ def _constants(model: torch.nn.Module, hidden: bool) -> dict[str, torch.Tensor]:
 class _Bound:
     """A loaded package with the model's tensors bound (rebound if the model's storage moved)."""
 
-    def __init__(self, runner: Any) -> None:
-        self.runner, self.ptrs = runner, ()
+    def __init__(self, runner: Any, frozen: bool = False) -> None:
+        self.runner, self.ptrs, self.frozen = runner, (), frozen
 
     def bind(self, model: torch.nn.Module, hidden: bool) -> None:
+        if self.frozen:  # (its weights are inside it; its key is their digest)
+            return
         named = _constants(model, hidden)
         wanted = self.runner.get_constant_fqns()
         ptrs = tuple(named[n].data_ptr() if n in named else 0 for n in wanted)
@@ -168,7 +230,8 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
     import json
 
     loaded = _LOADED.setdefault(model, {})
-    keys = {b: package_key(model, b, hidden, plan) for b in buckets}
+    frozen = frozen_buckets(model, buckets, plan)
+    keys = {b: package_key(model, b, hidden, plan, b in frozen) for b in buckets}
     names = {b: json.dumps(k, sort_keys=True) for b, k in keys.items()}
     todo = [b for b in buckets if names[b] not in loaded and not aot_store.cached(keys[b])]
     bar = None
@@ -184,12 +247,12 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
         for b in buckets:
             if names[b] not in loaded:
                 def load(path: str, b: int = b) -> _Bound:
-                    bound = _Bound(torch._inductor.aoti_load_package(path))
+                    bound = _Bound(torch._inductor.aoti_load_package(path), b in frozen)
                     bound.bind(model, hidden)
                     return bound
 
                 loaded[names[b]], built = aot_store.obtain(
-                    keys[b], lambda path, b=b: build_package(path, model, b, hidden, plan), load)
+                    keys[b], lambda path, b=b: build_package(path, model, b, hidden, plan, b in frozen), load)
                 if bar is not None and b in todo:
                     bar.update(1)
             out[b] = loaded[names[b]]
@@ -204,8 +267,8 @@ def all_cached(model: torch.nn.Module, buckets: Sequence[int], plan: LinearPlan 
     """Whether every package of ``buckets`` is on disk for ``model`` (what ``engine="auto"`` asks)."""
     from dynatree.runtime.cache import plain_head
 
-    hidden = plain_head(model)
-    return all(aot_store.cached(package_key(model, b, hidden, plan)) for b in buckets)
+    hidden, frozen = plain_head(model), frozen_buckets(model, buckets, plan)
+    return all(aot_store.cached(package_key(model, b, hidden, plan, b in frozen)) for b in buckets)
 
 
 def _notice(message: str) -> None:

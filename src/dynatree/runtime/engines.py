@@ -34,6 +34,9 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     the call wait minutes for a compiler.
 
     ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
+    ahead-of-time compiled ``aot`` engine on a CPU once its packages for the model are on disk
+    (:mod:`dynatree.runtime.aot_engine`: built once per model shape and machine, loaded in
+    milliseconds; ``compile=`` given asks for the static engine instead). Otherwise it is the
     compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when the options'
     explicit ``pool`` already holds compiled graphs for the model (``precompile`` into it, or an
     earlier call that compiled with it) or ``compile=True`` asks for it. The process's default
