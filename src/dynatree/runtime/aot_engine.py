@@ -41,7 +41,7 @@ import torch
 from dynatree.errors import DynaTreeError, first_line
 from dynatree.options import LinearPlan
 from dynatree.runtime import aot_store
-from dynatree.runtime.cache import CachedModel, few_row_layout, padded_step_inputs
+from dynatree.runtime.cache import BucketedModel, few_row_layout, padded_step_inputs
 from dynatree.tuning import PREFILL_CHUNK
 
 #: The engine's buckets on a CPU: verify trees of up to 16 rows (the measured budgets at 135M-1.5B
@@ -275,7 +275,7 @@ def _notice(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class AOTCachedModel(CachedModel):
+class AOTCachedModel(BucketedModel):
     """A model and its KV cache, each step run by an AOTInductor package (see the module's doc).
 
     Calls are padded to the smallest bucket that holds them, as on the static engine: padding
@@ -345,18 +345,6 @@ class AOTCachedModel(CachedModel):
             return parts[-1] if logits and parts else None
         return torch.cat(parts) if parts else super().prefill([], hidden, layers)
 
-    def forward(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
-                last_only: bool = False) -> torch.Tensor:
-        rows = self._run(tokens, positions, visible, since, last_only)
-        if self._hidden:
-            rows = self.apply_head(rows)
-        return rows[:, : self.vocab_size].float()
-
-    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                       since: int) -> torch.Tensor:
-        if not self._hidden:
-            raise DynaTreeError("this model's logits are not head(hidden states); use forward()")
-        return self._run(tokens, positions, visible, since, False)
 
     def forward_features(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                          since: int, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:

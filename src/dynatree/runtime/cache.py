@@ -300,7 +300,32 @@ class CachedModel:
         return out.last_hidden_state[0], torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
 
 
-class StaticCachedModel(CachedModel):
+class BucketedModel(CachedModel):
+    """A model+cache whose steps have fixed shapes (query rows padded to buckets): its ``_run``
+    returns the real rows of one step, final hidden states when ``_hidden`` (the head is then
+    applied here, to those rows only), else logits. The static and the aot engines are two."""
+
+    _hidden: bool
+
+    def _run(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+             last_only: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
+                last_only: bool = False) -> torch.Tensor:
+        rows = self._run(tokens, positions, visible, since, last_only)
+        if self._hidden:
+            rows = self.apply_head(rows)
+        return rows[:, : self.vocab_size].float()
+
+    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                       since: int) -> torch.Tensor:
+        if not self._hidden:
+            raise DynaTreeError("this model's logits are not head(hidden states); use forward()")
+        return self._run(tokens, positions, visible, since, False)
+
+
+class StaticCachedModel(BucketedModel):
     """Pre-allocated KV cache, query counts padded to fixed buckets, optionally ``torch.compile``d.
 
     Every call has one of a few shapes (``[1, bucket]`` tokens against a ``[bucket, capacity]``
@@ -405,18 +430,6 @@ class StaticCachedModel(CachedModel):
             if layer.is_initialized:
                 layer.cumulative_length.fill_(length)
 
-    def forward(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
-                last_only: bool = False) -> torch.Tensor:
-        rows = self._run(tokens, positions, visible, since, last_only)
-        if self._hidden:
-            rows = self.apply_head(rows)
-        return rows[:, : self.vocab_size].float()
-
-    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                       since: int) -> torch.Tensor:
-        if not self._hidden:
-            raise DynaTreeError("this model's logits are not head(hidden states); use forward()")
-        return self._run(tokens, positions, visible, since, False)
 
     def _run(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
              last_only: bool) -> torch.Tensor:
