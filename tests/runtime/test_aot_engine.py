@@ -345,3 +345,15 @@ def test_control_a_biased_verifier_on_the_aot_engine_is_caught(monkeypatch) -> N
 
     ps, _ = _aot_pvalues(True, monkeypatch)
     assert min(ps) < ALPHA, f"biased verifier not detected: p-values {ps}"
+
+
+def test_auto_asks_no_weights_digest_where_the_engine_was_never_built(monkeypatch) -> None:
+    """``engine="auto"`` asks on every CPU call whether the packages exist: where they do not, the
+    answer must not cost a pass over the weights (the digest of a frozen package's key)."""
+    model = tiny_model("llama", 0, layers=3)  # (a config no test builds)
+
+    def digest(model):
+        raise AssertionError("the weights were hashed")
+
+    monkeypatch.setattr(aot_engine, "weights_digest", digest)
+    assert not aot_engine.all_cached(model, BUCKETS, _plan(model))
