@@ -138,8 +138,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     and version counters are compared: about a millisecond); about 0.4 s for the 135M target."""
     import hashlib
 
-    tensors = [t for _, t in Step(model, False).named_parameters(remove_duplicate=False)] + \
-              [t for _, t in Step(model, False).named_buffers(remove_duplicate=False)]
+    tensors = list(_constants(model, False).values())
     stamp = tuple((t.data_ptr(), t._version if not t.is_inference() else -1, tuple(t.shape)) for t in tensors)
     hit = _DIGESTS.get(model)
     if hit is not None and hit[0] == stamp:
@@ -251,7 +250,7 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
                     bound.bind(model, hidden)
                     return bound
 
-                loaded[names[b]], built = aot_store.obtain(
+                loaded[names[b]], _ = aot_store.obtain(
                     keys[b], lambda path, b=b: build_package(path, model, b, hidden, plan, b in frozen), load)
                 if bar is not None and b in todo:
                     bar.update(1)
@@ -305,7 +304,7 @@ class AOTCachedModel(BucketedModel):
         self._kv_shape = (layers, heads, dim)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self._allocate(min(max(capacity, _FIRST_COLUMNS), _FIRST_COLUMNS))
+        self._allocate(_FIRST_COLUMNS)  # (``capacity`` is not needed: the cache grows by doubling)
         self._length = 0
 
     # -------------------------------------------------------------------------------- storage

@@ -204,8 +204,8 @@ def cached_target(target: torch.nn.Module, vocab: int, options: EngineOptions, r
     """The target's model+cache for runs of up to ``rows`` tokens under resolved ``options``, plus
     room for one tree of the largest bucket."""
     cache = options.cache_options(next(target.parameters()).device.type)
-    room = (options.buckets or StaticCachedModel.BUCKETS)[-1] if options.engine == "aot" else StaticCachedModel.BUCKETS[-1]
-    return cached_model(target, vocab, options.engine, rows + room, cache, role="target", pool=options.pool)
+    return cached_model(target, vocab, options.engine, rows + StaticCachedModel.BUCKETS[-1], cache, role="target",
+                        pool=options.pool)
 
 
 def cached_model(model: torch.nn.Module, vocab: int, engine: str, capacity: int, cache: CacheOptions,
