@@ -298,6 +298,17 @@ def test_refusals_are_one_line(llama) -> None:
         assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_sharded_model_is_refused_and_never_picked_by_auto(llama, monkeypatch) -> None:
+    from dynatree.runtime import distributed
+
+    monkeypatch.setattr(distributed, "is_sharded", lambda model: True)
+    with pytest.raises(DynaTreeError, match="tensor-parallel"):
+        _engine(llama)
+    monkeypatch.setattr(engines, "AUTO_MIN_PARAMS", 1)
+    monkeypatch.setattr(aot_engine, "all_cached", lambda m, b, p: True)
+    assert engines.resolve(EngineOptions(buckets=BUCKETS), llama["target"]).engine != "aot"
+
+
 def test_a_tree_larger_than_every_bucket_is_refused(llama) -> None:
     kv = _engine(llama)
     kv.prefill([2, 3])

@@ -40,7 +40,7 @@ import torch
 
 from dynatree.errors import DynaTreeError, first_line
 from dynatree.options import LinearPlan
-from dynatree.runtime import aot_store
+from dynatree.runtime import aot_store, distributed
 from dynatree.runtime.cache import BucketedModel, few_row_layout, padded_step_inputs
 from dynatree.tuning import PREFILL_CHUNK
 
@@ -294,6 +294,8 @@ class AOTCachedModel(BucketedModel):
         if self.layout is not None:
             raise DynaTreeError(f"engine='aot' supports full-attention models only; {type(model).__name__} has "
                                 "sliding-window layers (use engine='hf')")
+        if distributed.is_sharded(model):  # (a package holds one process's graph: no collectives)
+            raise DynaTreeError("engine='aot' does not run a tensor-parallel (sharded) model; use engine='hf'")
         self.cache = None  # (the KV lives in self.keys / self.values)
         self.buckets = tuple(sorted(buckets)) if buckets else BUCKETS
         self.max_tree_rows = self.buckets[-1]

@@ -84,7 +84,7 @@ def _aot_cached(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: 
     from dynatree.runtime import aot_engine
     from dynatree.runtime.window import attention_layout
 
-    if attention_layout(target) is not None:
+    if attention_layout(target) is not None or distributed.is_sharded(target):
         return False
     return aot_engine.all_cached(target, buckets or aot_engine.BUCKETS, plan)
 
