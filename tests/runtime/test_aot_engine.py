@@ -146,6 +146,41 @@ def test_the_cache_grows_past_its_first_allocation(llama) -> None:
     assert torch.equal(out.sequences, hf_greedy(llama["target"], ids, 150))
 
 
+def test_the_cache_grows_by_an_eighth_in_whole_steps() -> None:
+    """Every package reads the cache's whole capacity, so it grows by an eighth, not by doubling."""
+    for needed in (1, 65, 128, 129, 1000, 1025, 5000, 70_000):
+        cols = aot_engine.grown_columns(needed)
+        assert cols >= needed and cols % 128 == 0 and cols <= needed + needed // 8 + 128, (needed, cols)
+
+
+def _exported_attention(model: torch.nn.Module, monkeypatch) -> list[dict]:
+    """The SDPA calls of the program ``build_package`` exports for 2 rows (stopped before packaging)."""
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def grab(program, **_: object):
+        seen["program"] = program
+        raise Stop
+
+    monkeypatch.setattr(aot_engine.torch._inductor, "aoti_compile_and_package", grab)
+    with pytest.raises(Stop):
+        aot_engine.build_package("unused.pt2", model, 2, True, None)
+    return [dict(n.kwargs) for n in seen["program"].graph.nodes
+            if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+
+
+def test_packages_read_shared_kv_heads_in_place(llama, monkeypatch) -> None:
+    """The tiny llama has 4 query heads on 2 KV heads: its packages attend through SDPA's
+    ``enable_gqa``, not HF's copy of the cache per query head (which HF's own one-row shortcut
+    skips only outside a compiler). Control: exported without the flag, the check fails."""
+    calls = _exported_attention(llama["target"], monkeypatch)
+    assert calls and all(c.get("enable_gqa") for c in calls)
+    monkeypatch.setattr(aot_engine, "GROUPED_KV", False)
+    assert not any(c.get("enable_gqa") for c in _exported_attention(llama["target"], monkeypatch))
+
+
 def _detected(llama, monkeypatch, name: str, owner, replacement) -> bool:
     monkeypatch.setattr(owner, name, replacement)
     ids = prompt(6, 4)
