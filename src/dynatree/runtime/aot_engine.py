@@ -49,6 +49,7 @@ from dynatree.errors import DynaTreeError, first_line
 from dynatree.options import LinearPlan
 from dynatree.runtime import aot_store, distributed
 from dynatree.runtime.cache import BucketedModel, few_row_layout, padded_step_inputs
+from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
 from dynatree.runtime.kernels.grouped_kv import SUPPORTED as GROUPED_KV, grouped_kv
 from dynatree.tuning import PREFILL_CHUNK
 
@@ -111,6 +112,20 @@ class Step(torch.nn.Module):
         out = net(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                   cache_position=rows)
         return out.last_hidden_state if self.hidden else out.logits
+
+
+def prefill_layout(plan: LinearPlan | None, rows: int) -> contextlib.AbstractContextManager:
+    """The linear kernel of an eager prefill chunk of ``rows`` rows (more than any bucket): oneDNN
+    on the weights in place where the measured plan takes oneDNN at its largest row count (packed
+    there: the packed copies are the frozen packages' own, so the chunk reads the weights as they
+    are), else the plan's own choice (``F.linear`` past its last band).
+
+    Why: a prefill chunk is compute-bound, and on the 2-core EPYC oneDNN's product ran it faster
+    than ``F.linear``'s: prefills of 5 Spec-Bench prompts (53-769 tokens, chunks of 256) took 0.91x
+    the time, 4 interleaved passes (``benchmarks/cpu/aot_round_profile.jsonl``)."""
+    if plan is not None and plan.active and plan.kernel(plan.max_rows) in ("packed", "onednn") and rows > plan.max_rows:
+        return SmallBatchLinear(plan=LinearPlan(((rows, "onednn"),)))
+    return few_row_layout(plan, rows)
 
 
 def kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
@@ -394,7 +409,7 @@ class AOTCachedModel(BucketedModel):
         mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         args = (ids, mask.view(1, 1, width, -1), pos, torch.arange(length, length + width))
         if bucket is None:
-            with few_row_layout(self.linear_plan, q), grouped_kv(GROUPED_KV):
+            with prefill_layout(self.linear_plan, q), grouped_kv(GROUPED_KV):
                 out = self._eager(*args, [k[:, :, :columns] for k in self.keys], [v[:, :, :columns] for v in self.values])
         else:
             out = self._packages[bucket].runner(*args, self.keys, self.values)
