@@ -94,6 +94,28 @@ def test_prefill_longer_than_every_bucket_runs_eagerly_and_stays_exact(llama) ->
     assert torch.equal(out.sequences, hf_greedy(llama["target"], ids, 30))
 
 
+def test_prefill_chunks_take_onednn_in_place_where_the_plan_takes_onednn(monkeypatch) -> None:
+    """A chunk above the plan's last band: oneDNN on the weights in place where the plan ends on
+    oneDNN (packed or not), else ``F.linear``; within the bands, the plan's own kernel. The chunk's
+    product goes through oneDNN and equals ``F.linear``'s up to rounding."""
+    from dynatree.options import LinearPlan
+    from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
+
+    epyc = LinearPlan(((3, "rowmajor"), (64, "packed")))
+    chunk = aot_engine.prefill_layout(epyc, 256)
+    assert isinstance(chunk, SmallBatchLinear) and chunk.plan.kernel(256) == "onednn"
+    assert aot_engine.prefill_layout(epyc, 40).plan.kernel(40) == "packed"
+    for plan in (LinearPlan(((2, "rowmajor"),)), None):  # (a plan that keeps F.linear past 2 rows; none)
+        assert not isinstance(aot_engine.prefill_layout(plan, 256), SmallBatchLinear)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a) or real(*a), raising=False)
+    x, w = torch.randn(256, 48), torch.randn(24, 48)
+    with chunk:
+        y = torch.nn.functional.linear(x, w)
+    assert calls and torch.allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
 def test_learned_positions_model_equals_hf_greedy() -> None:
     target = tiny_model("gpt2", 0)
     ids = prompt(9, 4)
