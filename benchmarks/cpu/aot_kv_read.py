@@ -1,8 +1,10 @@
 """What an aot package pays to read the KV cache: one step of the embedded target (1 and 8 rows)
-at 128, 1,024 and 2,048 cache columns, exported with HF's per-query-head copy of the cache
-(``repeat_kv``, what an exported step did before) and reading shared KV heads in place (SDPA's
-``enable_gqa``, what packages do now). Packages are built into a temporary folder (about 4 min on
-the 2-core EPYC); the variants run interleaved, 25 times each per size; min and median in ms.
+at 128, 1,024 and 2,048 cache columns, exported three ways: with HF's per-query-head copy of the
+cache (``repeat_kv``, what an exported step first did), reading shared KV heads in place through
+SDPA's ``enable_gqa`` (its CPU flash kernel), and in place with the query heads of a KV head
+stacked as rows of one product (``PackedGroupedAttention``, what packages do now). Packages are
+built into a temporary folder (about 6 min on the 2-core EPYC); the variants run interleaved, 25
+times each per size; min and median in ms.
 
     python benchmarks/cpu/aot_kv_read.py --out benchmarks/cpu/aot_kv_read.jsonl
 """
@@ -16,6 +18,11 @@ import os
 import statistics
 import tempfile
 import time
+
+
+#: (name, exported under grouped_kv, with PackedGroupedAttention)
+VARIANTS = (("kv copied per query head", False, False), ("in place, SDPA enable_gqa", True, False),
+            ("in place, packed rows per kv head", True, True))
 
 
 def main() -> None:
@@ -40,11 +47,14 @@ def main() -> None:
         for rows in (1, 8):
             frozen = rows in aot.frozen_buckets(target, (rows,), plan)
             runners = {}
-            for variant, grouped in (("kv copied per query head", False), ("kv read in place", True)):
-                path = os.path.join(tmp, f"{rows}-{grouped}.pt2")
+            for i, (variant, grouped, packed) in enumerate(VARIANTS):
+                path = os.path.join(tmp, f"{rows}-{i}.pt2")
                 with contextlib.ExitStack() as stack:
-                    stack.callback(setattr, aot, "GROUPED_KV", aot.GROUPED_KV)
+                    for name in ("GROUPED_KV", "PackedGroupedAttention"):
+                        stack.callback(setattr, aot, name, getattr(aot, name))
                     aot.GROUPED_KV = grouped
+                    if not packed:
+                        aot.PackedGroupedAttention = contextlib.nullcontext
                     aot.build_package(path, target, rows, hidden, plan, frozen)
                 bound = aot._Bound(torch._inductor.aoti_load_package(path), frozen)
                 bound.bind(target, hidden)

@@ -14,10 +14,11 @@ serves every cache size and the cache grows without a rebuild.
 
 A package reads every column of the cache, masked or not, so the cache grows by an eighth (in
 steps of 128 columns) rather than doubling: on the EPYC a one-row step read 2,048 columns in
-about 25 ms and 128 in 16.5. And it reads them in place: the export runs under
-:func:`~dynatree.runtime.kernels.grouped_kv.grouped_kv`, so a query head attends to its shared
-key/value head through SDPA's ``enable_gqa`` instead of HF's per-head copy of the cache (at 2,048
-columns a one-row step took about 33 ms with the copy).
+about 25 ms and 128 in 17. And it reads them in place: the export runs under
+:func:`~dynatree.runtime.kernels.grouped_kv.grouped_kv`, so the query heads that share a key/value
+head attend to it in place, stacked as rows of one product
+(:class:`~dynatree.runtime.kernels.grouped_kv.PackedGroupedAttention`), instead of HF's per-head
+copy of the cache (``benchmarks/cpu/aot_kv_read.jsonl``).
 
 Two kinds of package, chosen per bucket by the few-row kernel plan
 (:mod:`dynatree.runtime.kernels.linear_plan`):
@@ -50,7 +51,7 @@ from dynatree.options import LinearPlan
 from dynatree.runtime import aot_store, distributed
 from dynatree.runtime.cache import BucketedModel, few_row_layout, padded_step_inputs
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear
-from dynatree.runtime.kernels.grouped_kv import SUPPORTED as GROUPED_KV, grouped_kv
+from dynatree.runtime.kernels.grouped_kv import SUPPORTED as GROUPED_KV, PackedGroupedAttention, grouped_kv
 from dynatree.tuning import PREFILL_CHUNK
 
 #: The engine's buckets on a CPU: verify trees of up to 16 rows (the measured budgets at 135M-1.5B
@@ -189,7 +190,7 @@ def package_key(model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearP
     dtype = next(model.parameters()).dtype
     key = {"class": type(model).__name__, "config": model.config.to_json_string(use_diff=False),
            "dtype": str(dtype), "bucket": bucket, "hidden": hidden,
-           "few_row": plan is not None and plan.kernel(bucket) != "linear", "grouped_kv": GROUPED_KV,
+           "few_row": plan is not None and plan.kernel(bucket) != "linear", "grouped_kv": "packed" if GROUPED_KV else False,
            **aot_store.machine()}
     if frozen:
         key.update(frozen=True, weights=weights_digest(model))
@@ -208,7 +209,8 @@ def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, 
     param = next(model.parameters())
     cols = torch.export.Dim("columns", min=bucket + 2, max=1 << 22)
     layout = contextlib.nullcontext() if frozen else few_row_layout(plan, bucket)
-    with torch.inference_mode(False), torch.no_grad(), layout, grouped_kv(GROUPED_KV):
+    packed = PackedGroupedAttention() if GROUPED_KV else contextlib.nullcontext()
+    with torch.inference_mode(False), torch.no_grad(), layout, grouped_kv(GROUPED_KV), packed:
         keys = [torch.zeros(1, heads, _FIRST_COLUMNS, dim, dtype=param.dtype) for _ in range(layers)]
         values = [torch.zeros_like(k) for k in keys]
         mask = torch.zeros(1, 1, bucket, _FIRST_COLUMNS, dtype=param.dtype)

@@ -168,3 +168,23 @@ def test_a_batchs_tree_calls_read_the_cache_in_place_and_its_plain_steps_do_not(
     torch.testing.assert_close(inplace, copying, rtol=1e-5, atol=1e-5)
     _spy(monkeypatch, misgroup=True)
     assert not torch.allclose(_batch_logits(model, True, monkeypatch), copying, rtol=1e-3, atol=1e-3)
+
+
+def test_packed_grouped_attention_is_sdpa_with_grouped_heads() -> None:
+    """Packing the query heads of each KV head as rows computes SDPA's ``enable_gqa`` attention
+    (float rounding apart), with a mask that differs from row to row; a tiling that pairs rows
+    with the wrong mask rows (``repeat_interleave``) is told apart by the same comparison."""
+    from dynatree.runtime.kernels.grouped_kv import PackedGroupedAttention, packed_grouped_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 16, generator=g) for h, n in ((6, 5), (2, 40), (2, 40)))
+    mask = torch.zeros(1, 1, 5, 40).masked_fill_(torch.rand(1, 1, 5, 40, generator=g) < 0.4, torch.finfo(torch.float32).min)
+    mask[..., 0] = 0  # (no row fully masked)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    assert torch.allclose(packed_grouped_attention(q, k, v, mask, 0.3), ref, atol=1e-6, rtol=1e-5)
+    with PackedGroupedAttention():
+        assert torch.allclose(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True), ref,
+                              atol=1e-6, rtol=1e-5)
+    wrong = q.reshape(1, 2, 15, 16) @ k.transpose(-1, -2) * 0.3 + mask.repeat_interleave(3, dim=2)
+    wrong = (torch.softmax(wrong, -1) @ v).reshape(1, 6, 5, 16)
+    assert not torch.allclose(wrong, ref, atol=1e-3)

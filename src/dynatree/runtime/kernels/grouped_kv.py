@@ -25,6 +25,13 @@ exported one-row step would copy the cache too, which at 2,048 cached tokens cos
 of the step on the EPYC.) Both paths compute the
 same attention. They differ at most in float summation order: ``enable_gqa`` gave bitwise the same
 output as the copy in ``tests/runtime/kernels/test_grouped_kv.py``. Greedy exactness is tested end to end.
+
+A package goes one step further (:class:`PackedGroupedAttention`, active while it is exported):
+the query heads that share a KV head are stacked as rows of one product, computed by explicit
+matrix products and a softmax that inductor fuses with the mask, so each KV head is read once per
+layer. SDPA's CPU flash kernel, with ``enable_gqa``, runs a few query rows per head at a fraction
+of its speed: an 8-row step at 2,048 cached tokens took 44.3 ms with it and 41.1 packed, a one-row
+step 26.8 and 24.3 (medians, 2-core EPYC, ``benchmarks/cpu/aot_kv_read.jsonl``).
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ import contextvars
 import functools
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 ENV = "TRANSFORMERS_SDPA_FORCE_GQA"
 SUPPORTED = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # SDPA's enable_gqa
@@ -101,3 +110,46 @@ def _by_environment() -> Iterator[None]:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = before
+
+
+def packed_grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(query, key, value, attn_mask, scale=scale, enable_gqa=True)``
+    with the ``n`` query heads of each KV head stacked as ``n * L`` rows of one product: query
+    ``[B, H, L, D]`` becomes ``[B, H / n, n * L, D]`` (row ``r * L + i`` is query head ``g * n + r``,
+    row ``i``), and a mask shared by all heads ``[B or 1, 1, L, S]`` is tiled ``n`` times along its
+    rows to match. Explicit products and a softmax: the same attention, other summation order."""
+    b, heads, rows, dim = query.shape
+    n = heads // key.shape[1]
+    q = query.reshape(b, heads // n, n * rows, dim)
+    scores = torch.matmul(q, key.transpose(-1, -2)) * (dim ** -0.5 if scale is None else scale)
+    if attn_mask is not None:
+        scores = scores + attn_mask.repeat(1, 1, n, 1)
+    return torch.matmul(torch.softmax(scores, dim=-1), value).reshape(b, heads, rows, dim)
+
+
+def _packable(args: tuple, kwargs: dict) -> bool:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    bound = {**dict(zip(names, args)), **kwargs}
+    q, k, v, mask = (bound.get(n) for n in names[:4])
+    return bool(bound.get("enable_gqa")) and not bound.get("dropout_p") and not bound.get("is_causal") \
+        and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() == 4 for t in (q, k, v)) \
+        and k.shape[1] < q.shape[1] and q.shape[1] % k.shape[1] == 0 \
+        and (mask is None or (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[1] == 1
+                              and mask.dtype == q.dtype))
+
+
+class PackedGroupedAttention(TorchFunctionMode):
+    """Within the block, a float32 ``F.scaled_dot_product_attention`` call with ``enable_gqa``,
+    no dropout, no ``is_causal`` and a mask shared by all heads (or none) runs as
+    :func:`packed_grouped_attention`; every other call as it is. The aot engine exports its
+    packages under it (other dtypes keep SDPA, whose kernel accumulates in float32)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and _packable(args, kwargs):
+            names = ("query", "key", "value", "attn_mask")
+            bound = {**dict(zip(names, args)), **kwargs}
+            return packed_grouped_attention(bound["query"], bound["key"], bound["value"], bound.get("attn_mask"),
+                                            bound.get("scale"))
+        return func(*args, **kwargs)
