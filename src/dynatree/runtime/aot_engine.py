@@ -14,11 +14,11 @@ serves every cache size and the cache grows without a rebuild.
 
 A package reads every column of the cache, masked or not, so the cache grows by an eighth (in
 steps of 128 columns) rather than doubling: on the EPYC a one-row step read 2,048 columns in
-about 25 ms and 128 in 17. And it reads them in place: the export runs under
+23.6 ms and 128 in 17.5 (medians, ``benchmarks/cpu/aot_kv_read.jsonl``). And it reads them in place: the export runs under
 :func:`~dynatree.runtime.kernels.grouped_kv.grouped_kv`, so the query heads that share a key/value
 head attend to it in place, stacked as rows of one product
 (:class:`~dynatree.runtime.kernels.grouped_kv.PackedGroupedAttention`), instead of HF's per-head
-copy of the cache (``benchmarks/cpu/aot_kv_read.jsonl``).
+copy of the cache (28.7 ms at 2,048 columns).
 
 Two kinds of package, chosen per bucket by the few-row kernel plan
 (:mod:`dynatree.runtime.kernels.linear_plan`):
@@ -122,8 +122,8 @@ def prefill_layout(plan: LinearPlan | None, rows: int) -> contextlib.AbstractCon
     are), else the plan's own choice (``F.linear`` past its last band).
 
     Why: a prefill chunk is compute-bound, and on the 2-core EPYC oneDNN's product ran it faster
-    than ``F.linear``'s: prefills of 5 Spec-Bench prompts (53-769 tokens, chunks of 256) took 0.91x
-    the time, 4 interleaved passes (``benchmarks/cpu/aot_round_profile.jsonl``)."""
+    than ``F.linear``'s: the prefills of 6 Spec-Bench prompts (40-769 tokens, chunks of 256) took
+    0.93x the time, 4 interleaved passes (``benchmarks/cpu/aot_prefill.jsonl``)."""
     if plan is not None and plan.active and plan.kernel(plan.max_rows) in ("packed", "onednn") and rows > plan.max_rows:
         return SmallBatchLinear(plan=LinearPlan(((rows, "onednn"),)))
     return few_row_layout(plan, rows)

@@ -29,9 +29,10 @@ output as the copy in ``tests/runtime/kernels/test_grouped_kv.py``. Greedy exact
 A package goes one step further (:class:`PackedGroupedAttention`, active while it is exported):
 the query heads that share a KV head are stacked as rows of one product, computed by explicit
 matrix products and a softmax that inductor fuses with the mask, so each KV head is read once per
-layer. SDPA's CPU flash kernel, with ``enable_gqa``, runs a few query rows per head at a fraction
-of its speed: an 8-row step at 2,048 cached tokens took 44.3 ms with it and 41.1 packed, a one-row
-step 26.8 and 24.3 (medians, 2-core EPYC, ``benchmarks/cpu/aot_kv_read.jsonl``).
+layer. Against SDPA's CPU flash kernel with ``enable_gqa`` it gained little in the recorded run:
+an 8-row step of the embedded target at 2,048 cached tokens took 41.6 ms packed and 42.4 with
+SDPA, a one-row step 23.6 and 23.9; the copy per query head had cost 59.8 and 28.7 (medians of 25
+interleaved calls, 2-core EPYC, ``benchmarks/cpu/aot_kv_read.jsonl``).
 """
 
 from __future__ import annotations
