@@ -129,11 +129,14 @@ def packed_grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     return torch.matmul(torch.softmax(scores, dim=-1), value).reshape(b, heads, rows, dim)
 
 
-def _packable(args: tuple, kwargs: dict) -> bool:
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-    bound = {**dict(zip(names, args)), **kwargs}
-    q, k, v, mask = (bound.get(n) for n in names[:4])
-    return bool(bound.get("enable_gqa")) and not bound.get("dropout_p") and not bound.get("is_causal") \
+#: ``F.scaled_dot_product_attention``'s positional parameters, in order
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _packable(call: dict[str, Any]) -> bool:
+    """Whether an SDPA call (its arguments by name) is one :func:`packed_grouped_attention` computes."""
+    q, k, v, mask = (call.get(n) for n in _SDPA_PARAMS[:4])
+    return bool(call.get("enable_gqa")) and not call.get("dropout_p") and not call.get("is_causal") \
         and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() == 4 for t in (q, k, v)) \
         and k.shape[1] < q.shape[1] and q.shape[1] % k.shape[1] == 0 \
         and (mask is None or (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[1] == 1
@@ -148,9 +151,9 @@ class PackedGroupedAttention(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and _packable(args, kwargs):
-            names = ("query", "key", "value", "attn_mask")
-            bound = {**dict(zip(names, args)), **kwargs}
-            return packed_grouped_attention(bound["query"], bound["key"], bound["value"], bound.get("attn_mask"),
-                                            bound.get("scale"))
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            call = {**dict(zip(_SDPA_PARAMS, args)), **kwargs}
+            if _packable(call):
+                return packed_grouped_attention(call["query"], call["key"], call["value"], call.get("attn_mask"),
+                                                call.get("scale"))
         return func(*args, **kwargs)
