@@ -23,6 +23,7 @@ import dynatree.core.verify
 from dynatree import STRATEGIES, EngineOptions, StoppingConfig
 from dynatree.core.costmodel import ENV_DIR
 from dynatree.errors import DynaTreeError
+from dynatree.options import LinearPlan
 from dynatree.runtime import aot_engine, aot_store, engines
 from dynatree.runtime.aot_engine import AOTCachedModel
 from tiny import SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model, window_model
@@ -123,22 +124,63 @@ def test_learned_positions_model_equals_hf_greedy() -> None:
     assert torch.equal(out.sequences, hf_greedy(target, ids, 40))
 
 
-def test_frozen_packages_are_the_packed_buckets_within_the_memory_budget(llama, monkeypatch) -> None:
+def test_the_frozen_package_serves_the_packed_rows_within_the_memory_budget(llama, monkeypatch) -> None:
     from dynatree.runtime.kernels import cpu_linear
 
     plan = _plan(llama["target"])
-    assert aot_engine.frozen_buckets(llama["target"], BUCKETS, plan) == {4, 32}  # (the pinned plan: packed from 4)
+    # (the pinned plan packs from 4 rows: the 4-row bucket's calls, 2-4 rows, and all above)
+    assert aot_engine.package_layout(llama["target"], BUCKETS, plan) == ((1,), 2)
+    assert aot_engine.package_layout(llama["target"], (1, 2, 8, 16), plan) == ((1, 2), 3)
     size = sum(p.numel() * p.element_size() for p in llama["target"].parameters())
     monkeypatch.setattr(cpu_linear, "packing_budget", lambda already=0: size)  # room for one copy
-    assert aot_engine.frozen_buckets(llama["target"], BUCKETS, plan) == {32}
-    assert aot_engine.frozen_buckets(llama["target"], BUCKETS, None) == frozenset()
+    assert aot_engine.package_layout(llama["target"], BUCKETS, plan) == ((1,), 2)
+    monkeypatch.setattr(cpu_linear, "packing_budget", lambda already=0: size - 1)  # none
+    assert aot_engine.package_layout(llama["target"], BUCKETS, plan) == (BUCKETS, None)
+    assert aot_engine.package_layout(llama["target"], BUCKETS, None) == (BUCKETS, None)
+
+
+def test_a_bucket_is_frozen_where_the_plan_packs_at_fewer_rows_too(llama) -> None:
+    """A plan measured near its crossing flips (the embedded target's on the EPYC: packed at 3 rows,
+    row-major at 4): the 4-row bucket serves 3-row calls, and packing gains with rows, so it is
+    frozen; the 2-row bucket, row-major at 1-2 rows, is not."""
+    plan = LinearPlan(((2, "rowmajor"), (3, "packed"), (4, "rowmajor"), (64, "packed")))
+    assert aot_engine.package_layout(llama["target"], (1, 2, 4, 8, 16), plan) == ((1, 2), 3)
+
+
+def test_the_cost_profile_is_timed_at_the_buckets_and_keyed_by_the_build(llama, tmp_path, monkeypatch) -> None:
+    """A call runs at its bucket's rows (every row count from the dynamic package's up), so the
+    target's cost profile is timed at those and read stepwise (not a line through 1, 2, 4, 6, ...
+    rows, whose sizes between buckets were timed as their bucket and interpolated); and a profile
+    timed on other packages is not reused."""
+    import itertools
+
+    from dynatree.core import costmodel
+
+    monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "measure")
+    real, ticks, calls = costmodel.measure, itertools.count(), []
+
+    def fake(kv, sizes, lazy_head, **kw):  # (the engine's own calls, a fake clock)
+        calls.append(tuple(sizes))
+        return real(kv, sizes, lazy_head, reps=1, clock=lambda: float(next(ticks)))
+
+    monkeypatch.setattr(costmodel, "measure", fake)
+    kv = _engine(llama)
+    with torch.inference_mode():
+        p = costmodel.profile_for(kv, llama["target"], "aot", False, True)
+        sizes = (1,) + tuple(range(2, 33))  # (the fixed bucket 1; the dynamic package from 2 to 32 rows)
+        assert kv.buckets == sizes and p.rows == sizes and p.stepwise and calls == [sizes]
+        assert costmodel.profile_for(kv, llama["target"], "aot", False, True) == p and len(calls) == 1  # (from disk)
+        kv.build = {**kv.build, "grouped_kv": False}  # (packages built otherwise)
+        costmodel.profile_for(kv, llama["target"], "aot", False, True)
+    assert len(calls) == 2
 
 
 def test_a_frozen_package_serves_only_the_weights_it_holds(llama, monkeypatch) -> None:
     """Two models of one config: each runs on its own frozen packages and equals its own greedy
     output. Control: with the weights left out of the key, the second model runs on the first
     one's weights and the check fails."""
-    ids, buckets = prompt(6, 4), (1, 32)  # (32: frozen; the target as its own draft: no draft packages)
+    ids, buckets = prompt(6, 4), (1, 32)  # (2-32 rows: frozen; the target as its own draft: no draft packages)
     other = tiny_model("llama", 11)
     out = run({"target": other, "self": other}, "fixed", "self", ids, 30, buckets=buckets)
     assert torch.equal(out.sequences, hf_greedy(other, ids, 30))
@@ -233,12 +275,13 @@ def test_control_a_mask_that_lets_a_node_see_its_sibling_is_caught(llama, monkey
 def test_packages_are_built_once_and_then_loaded(llama) -> None:
     run(llama, "dynatree", "perturbed", prompt(3, 1), 8)
     plan = _plan(llama["target"])
-    frozen = aot_engine.frozen_buckets(llama["target"], BUCKETS, plan)
-    packages = [aot_store.path_for(aot_engine.package_key(llama["target"], b, True, plan, b in frozen))
-                for b in BUCKETS]
+    fixed, low = aot_engine.package_layout(llama["target"], BUCKETS, plan)
+    packages = [aot_store.path_for(aot_engine.package_key(llama["target"], b, True, plan, b == low))
+                for b in fixed + (low,)]
     assert all(aot_store.intact(p) for p in packages)
     assert aot_engine.all_cached(llama["target"], BUCKETS, plan)
-    assert not aot_engine.all_cached(llama["target"], BUCKETS + (64,), plan)
+    assert aot_engine.all_cached(llama["target"], BUCKETS + (64,), plan)  # (the dynamic package's rows)
+    assert not aot_engine.all_cached(llama["target"], (1, 2) + BUCKETS[1:], plan)  # (a 2-row bucket: one more)
     stamps = [p.stat().st_mtime_ns for p in packages]
     run(llama, "linear", "self", prompt(3, 1), 8, k=4)
     assert [p.stat().st_mtime_ns for p in packages] == stamps

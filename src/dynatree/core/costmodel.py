@@ -47,7 +47,7 @@ ENV_SWITCH = "DYNATREE_COST_MODEL"
 #: A greedy batch's share costs: ``measure`` (default: timed on this machine at first use, cached)
 #: or ``table`` (``tuning.BATCH_SHARE_COST``, one machine's measurement)
 BATCH_ENV_SWITCH = "DYNATREE_BATCH_SHARES"
-FORMAT = 2  # 2: the fastest of the reps (1: their median)
+FORMAT = 3  # 3: every bucketed engine stepwise, at its buckets; 2: the fastest of the reps (1: their median)
 CONTEXT = 64  # cached tokens the profile's verify calls attend to (a short prompt)
 DRAFT_ROWS = 8  # the widest draft call timed (a level of a tree the budgets allow on a CPU)
 BATCH_CONTEXT = 128  # cached tokens per row before a batch's timed verify calls
@@ -57,8 +57,8 @@ BATCH_CONTEXT = 128  # cached tokens per row before a batch's timed verify calls
 class CostProfile:
     """Measured verify time (ms, median) of the target for trees of ``rows`` rows (root included).
 
-    ``stepwise``: the engine pads a call to the next measured size (the static engine's buckets),
-    so a size between two measured ones costs the larger one; otherwise costs are interpolated
+    ``stepwise``: the engine pads a call to the next measured size (a bucketed engine's buckets:
+    static, aot), so a size between two measured ones costs the larger one; otherwise costs are interpolated
     linearly. Past the last measured size the last segment's slope is extended.
     """
 
@@ -333,6 +333,20 @@ def save(key: dict[str, Any], profile: CostProfile) -> Path:
 
 
 # ------------------------------------------------------------------------------ measuring
+def engine_buckets(kv: Any) -> tuple[int, ...] | None:
+    """The row counts ``kv`` pads its calls to (the static and aot engines), None for an engine
+    whose cost grows row by row.
+
+    Why it matters: between two buckets a call costs the larger one, so the rows up to a bucket
+    are free once the bucket is paid. Measured on the aot engine (2-core AMD EPYC, SmolLM2-135M,
+    600 cached tokens): 1-2 rows 21.6-23.3 ms, 3-8 rows 31.7-33.8, 9-16 rows 43.0-44.8. Read as a
+    line through 1, 2, 4, 6, 8, 12, 16 rows, 6 and 12 rows were timed as their buckets and
+    the sizes between interpolated, so the text's cut stopped a tree short of its bucket's free
+    rows; and 24 and 32 rows, past the largest bucket, timed the eager chunk a prefill takes."""
+    buckets = getattr(kv, "buckets", None)
+    return tuple(int(b) for b in buckets) if buckets else None
+
+
 def default_sizes(device: str, buckets: Sequence[int] | None) -> tuple[int, ...]:
     """Row counts to time. A bucketed engine costs the same inside a bucket: time the buckets."""
     top = 256 if device == "cuda" else 32
@@ -385,7 +399,7 @@ def measure(kv: Any, sizes: Sequence[int], lazy_head: bool, reps: int = 3,
             times[n].append(once(n))
     _empty(kv)
     return CostProfile(tuple(sizes), tuple(1e3 * min(times[n]) for n in sizes),
-                       stepwise=kv.engine == "static", meta={"reps": reps, "context": CONTEXT, "statistic": "min",
+                       stepwise=engine_buckets(kv) is not None, meta={"reps": reps, "context": CONTEXT, "statistic": "min",
                                                              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
@@ -501,14 +515,19 @@ def profile_for(kv: Any, model: torch.nn.Module, engine: str, compile: bool | st
     model's calls the same way (its logits for every row: what a draft level call computes)."""
     if not enabled():
         return None
+    padded = engine_buckets(kv)
+    buckets = padded or buckets
+    # (``build``: what a compiled engine's steps were built with, e.g. the aot packages' attention:
+    #  a profile timed on packages since rebuilt otherwise outlives them)
     key = profile_key(model, engine, compile, {"lazy_head": lazy_head, "buckets": list(buckets) if buckets else None,
-                                               "cpu_linear": cpu_linear, **({"role": role} if role != "target" else {})})
+                                               "cpu_linear": cpu_linear, "build": getattr(kv, "build", None),
+                                               **({"role": role} if role != "target" else {})})
 
     def fresh() -> CostProfile:
         if log is not None:
             what = "the target's verify cost per tree size" if role == "target" else "the draft model's cost per call"
             log(f"dynatree: measuring {what} (once for this model and machine)...")
-        sizes = default_sizes(kv.device.type, getattr(kv, "buckets", None) if kv.engine == "static" else None)
+        sizes = default_sizes(kv.device.type, padded)
         if role != "target":
             sizes = tuple(n for n in sizes if n <= DRAFT_ROWS) or sizes[:1]
         return measure(kv, sizes, lazy_head)

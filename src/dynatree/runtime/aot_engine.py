@@ -20,16 +20,17 @@ head attend to it in place, stacked as rows of one product
 (:class:`~dynatree.runtime.kernels.grouped_kv.PackedGroupedAttention`), instead of HF's per-head
 copy of the cache (28.7 ms at 2,048 columns).
 
-Two kinds of package, chosen per bucket by the few-row kernel plan
-(:mod:`dynatree.runtime.kernels.linear_plan`):
+Two kinds of package, chosen by the few-row kernel plan
+(:mod:`dynatree.runtime.kernels.linear_plan`, see :func:`package_layout`):
 
-- where the plan multiplies in row-major order (one or two rows on the 2-core EPYC), the export
-  runs inside the plan's layout, so few rows are multiplied as ``weight @ x.T``, and the package
-  holds no weights: they are bound at load to the live model's tensors (``user_managed``). On the
-  2-core EPYC a one-row step of SmolLM2-135M took 22.8 ms so, against 54.0 with inductor's own
-  linear lowering (``benchmarks/cpu/aoti_step.jsonl``);
-- where the plan reads packed weights (more rows), the package is *frozen*: inductor packs the
-  weights for oneDNN inside it (see :func:`frozen_buckets`), and its key is the weights' digest.
+- where the plan multiplies in row-major order (one or two rows on the 2-core EPYC), one package
+  per bucket: the export runs inside the plan's layout, so few rows are multiplied as
+  ``weight @ x.T``, and the package holds no weights: they are bound at load to the live model's
+  tensors (``user_managed``). On the 2-core EPYC a one-row step of SmolLM2-135M took 22.8 ms so,
+  against 54.0 with inductor's own linear lowering (``benchmarks/cpu/aoti_step.jsonl``);
+- from the row count where the plan reads packed weights, ONE *frozen* package whose row count is
+  a dynamic dimension: inductor packs the weights for oneDNN inside it, and its key is the
+  weights' digest. It runs every tree of that size or more unpadded, and the prefill's chunks.
 
 Exactness: a step's rows are computed from the same rows of the same cache as the eager engine's,
 by other kernels (float rounding differs, the tokens are verified the same way). Packages are
@@ -55,11 +56,12 @@ from dynatree.runtime.kernels.grouped_kv import SUPPORTED as GROUPED_KV, PackedG
 from dynatree.tuning import PREFILL_CHUNK
 
 #: The engine's buckets on a CPU: verify trees of up to 16 rows (the measured budgets at 135M-1.5B
-#: choose 3-8 nodes; a text proposal takes up to 16). Each is one package to build.
+#: choose 3-8 nodes; a text proposal takes up to 16). Those below the plan's packed rows are one
+#: package each; the rest one package of dynamic rows (:func:`package_layout`).
 BUCKETS = (1, 2, 4, 8, 16)
 #: Build seconds per package, per decoder layer, and fixed: the expected duration printed before a
-#: build (SmolLM2-135M, 30 layers: 55-60 s a bucket with packed attention, 2026-11-28; the
-#: embedded pair's 10 packages 351 s; a 2-layer model about 10 s; 2-core AMD EPYC).
+#: build (SmolLM2-135M, 30 layers: 55-60 s a bucket with packed attention, 2026-11-28; 94 s for the
+#: package of dynamic rows; a 2-layer model about 10 s; 2-core AMD EPYC).
 BUILD_S_PER_LAYER, BUILD_S_FIXED = 1.65, 8.0
 _FIRST_COLUMNS = 64  # the cache's first allocation (and the export's example length)
 _GROWTH_COLUMNS = 128  # the cache grows by an eighth, rounded up to a multiple of this
@@ -137,26 +139,41 @@ def kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
     return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim
 
 
-def frozen_buckets(model: torch.nn.Module, buckets: Sequence[int], plan: LinearPlan | None) -> frozenset[int]:
-    """The buckets whose package is built with inductor's freezing: those the few-row plan runs on
-    packed weights, as many as a copy of the weights each fits the packing budget.
+def package_layout(model: torch.nn.Module, buckets: Sequence[int],
+                   plan: LinearPlan | None) -> tuple[tuple[int, ...], int | None]:
+    """The packages of ``buckets``: the fixed buckets (one unfrozen package each), and the fewest
+    rows the one frozen package of dynamic rows serves (None: no such package).
 
-    Why: traced into a package, the plan's kernels become ``weight @ x.T`` (a packed oneDNN weight
-    cannot be a bound input), which reads the weights once for one or two rows but not for more.
-    Frozen, inductor packs the weights for oneDNN inside the package: a step of 8 rows of
-    SmolLM2-135M took 30.8 ms frozen against 44.6 traced (4 rows 25.7 against 30.3, one row 19.6;
-    2-core EPYC). The price: each frozen package holds its own packed copy of the weights (543 MB
-    on disk and in memory for the embedded target), and its key carries the weights' digest."""
+    The dynamic package starts at the first bucket the plan runs on packed weights at its row count
+    or at any fewer rows (from the row after the bucket below it), where a copy of the weights fits
+    the packing budget; it serves every call of that many rows or more, unpadded, prefill chunks
+    included. Why:
+
+    - frozen, inductor packs the weights for oneDNN inside the package: traced instead, the plan's
+      kernels become ``weight @ x.T`` (a packed oneDNN weight cannot be a bound input), which reads
+      the weights once for one or two rows but not for more. A step of 8 rows of SmolLM2-135M took
+      30.8 ms frozen against 44.6 traced (4 rows 25.7 against 30.3; 2-core EPYC);
+    - one package of dynamic rows instead of a frozen one per bucket: a tree is not padded (at 300
+      cached tokens, 6 rows 22.3 ms against 26.7 padded to 8, 12 rows 30.2 against 35.5; at 3, 4, 8
+      and 16 rows the same time as the bucket's own package, medians of 7), the weights are packed
+      once (543 MB for the embedded target, on disk and in memory) instead of once per bucket, and
+      the prompt's chunks run compiled (Spec-Bench prompts of 39-92 tokens: 65-134 ms against 91-190
+      eager; 659-768 tokens: level);
+    - "or fewer rows": the plan is measured row count by row count over the model's weights, and
+      near the crossing its choice flips with the machine's noise (the embedded target's plan on
+      the EPYC: row-major for 1-2 rows, packed for 3, row-major for 4, packed from 6); packing
+      only gains with rows (the 4-row step: 27.5 ms frozen against 31.4 traced row-major).
+    """
     from dynatree.runtime.kernels.cpu_linear import packing_budget
 
+    buckets = tuple(sorted(buckets))
     if plan is None:
-        return frozenset()
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
-    budget, out = packing_budget(), set()
-    for b in sorted(buckets, reverse=True):  # (the largest trees gain most)
-        if plan.kernel(b) == "packed" and size * (len(out) + 1) <= budget:
-            out.add(b)
-    return frozenset(out)
+        return buckets, None
+    first = next((i for i, b in enumerate(buckets) if any(plan.kernel(r) == "packed" for r in range(1, b + 1))), None)
+    if first is None or sum(p.numel() * p.element_size() for p in model.parameters()) > packing_budget():
+        return buckets, None
+    low = max(2, buckets[first - 1] + 1 if first else 2)  # (an export of dynamic rows needs 2 or more)
+    return tuple(b for b in buckets if b < low), low
 
 
 #: The weights' digest per model, with the (storage, version) of every tensor it was taken from.
@@ -185,15 +202,16 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def package_key(model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None,
                 frozen: bool = False) -> dict[str, Any]:
-    """What a package depends on (``aot_store``'s key): its code, and for a frozen package the
-    weights it holds (their digest); an unfrozen one holds no weights."""
+    """What a package depends on (``aot_store``'s key): its code, and for a frozen package (the
+    one of dynamic rows, from ``bucket`` rows) the weights it holds (their digest); an unfrozen one
+    holds no weights."""
     dtype = next(model.parameters()).dtype
     key = {"class": type(model).__name__, "config": model.config.to_json_string(use_diff=False),
            "dtype": str(dtype), "bucket": bucket, "hidden": hidden,
            "few_row": plan is not None and plan.kernel(bucket) != "linear", "grouped_kv": "packed" if GROUPED_KV else False,
            **aot_store.machine()}
     if frozen:
-        key.update(frozen=True, weights=weights_digest(model))
+        key.update(frozen=True, rows="dynamic", weights=weights_digest(model))
     return key
 
 
@@ -204,10 +222,16 @@ def expected_build_s(model: torch.nn.Module, packages: int) -> float:
 def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None,
                   frozen: bool = False) -> None:
     """Export ``Step`` for ``bucket`` rows (the cache length dynamic) and package it: weights left
-    out and the plan's few-row kernel traced in, or ``frozen`` (weights packed into the package)."""
+    out and the plan's few-row kernel traced in, or ``frozen``: weights packed into the package,
+    and the row count dynamic too (``bucket`` rows or more; traced with 8 or more)."""
     layers, heads, dim = kv_shape(model)
     param = next(model.parameters())
     cols = torch.export.Dim("columns", min=bucket + 2, max=1 << 22)
+    # (Dim.AUTO: a named range fails export's proof of guards it cannot simplify, such as
+    #  ``rows * min(64, 192 * rows) == 64 * rows`` from the stacked heads; checked below instead)
+    rows = torch.export.Dim.AUTO if frozen else None
+    if frozen:
+        bucket = max(bucket, 8)
     layout = contextlib.nullcontext() if frozen else few_row_layout(plan, bucket)
     packed = PackedGroupedAttention() if GROUPED_KV else contextlib.nullcontext()
     with torch.inference_mode(False), torch.no_grad(), layout, grouped_kv(GROUPED_KV), packed:
@@ -216,11 +240,17 @@ def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, 
         mask = torch.zeros(1, 1, bucket, _FIRST_COLUMNS, dtype=param.dtype)
         args = (torch.zeros(1, bucket, dtype=torch.long), mask, torch.arange(bucket).view(1, -1),
                 torch.arange(bucket), keys, values)
-        shapes = (None, {3: cols}, None, None, [{2: cols}] * layers, [{2: cols}] * layers)
+        shapes = ({1: rows} if rows else None, {2: rows, 3: cols} if rows else {3: cols}, {1: rows} if rows else None,
+                  {0: rows} if rows else None, [{2: cols}] * layers, [{2: cols}] * layers)
         try:
             program = torch.export.export(Step(model, hidden), args, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # (torch.export's errors run over many lines)
             raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__}: {first_line(exc)}") from exc
+        ids = next(n for n in program.graph.nodes if n.op == "placeholder" and n.meta["val"].dim() == 2
+                   and n.meta["val"].dtype == torch.long)
+        if frozen and not isinstance(ids.meta["val"].shape[1], torch.SymInt):
+            raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__} with a dynamic row count "
+                                "(the export fixed it); use engine='hf'")
         config = {"freezing": True} if frozen else {"aot_inductor.package_constants_in_so": False}
         torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=config)
 
@@ -259,11 +289,14 @@ _LOADED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, _Bound]]" = weakr
 
 def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan: LinearPlan | None,
              log: Any = None) -> dict[int, _Bound]:
-    """The bound package of each bucket: loaded from the store, built first where missing."""
+    """The bound packages of :func:`package_layout`, keyed by their fewest rows (each fixed bucket,
+    and the dynamic package's lower end): loaded from the store, built first where missing."""
     import json
 
     loaded = _LOADED.setdefault(model, {})
-    frozen = frozen_buckets(model, buckets, plan)
+    fixed, low = package_layout(model, buckets, plan)
+    buckets = fixed + ((low,) if low else ())
+    frozen = {low} if low else set()
     keys = {b: package_key(model, b, hidden, plan, b in frozen) for b in buckets}
     names = {b: json.dumps(k, sort_keys=True) for b, k in keys.items()}
     todo = [b for b in buckets if names[b] not in loaded and not aot_store.cached(keys[b])]
@@ -300,10 +333,11 @@ def all_cached(model: torch.nn.Module, buckets: Sequence[int], plan: LinearPlan 
     """Whether every package of ``buckets`` is on disk for ``model`` (what ``engine="auto"`` asks)."""
     from dynatree.runtime.cache import plain_head
 
-    hidden, frozen = plain_head(model), frozen_buckets(model, buckets, plan)
+    hidden, (fixed, low) = plain_head(model), package_layout(model, buckets, plan)
+    frozen = {low} if low else set()
     # (the unfrozen ones first: a frozen package's key needs the weights' digest, about 0.4 s for
     # the 135M target, which a machine that never built the engine should not pay on every call)
-    order = sorted(buckets, key=lambda b: b in frozen)
+    order = list(fixed) + ([low] if low else [])
     return all(aot_store.cached(package_key(model, b, hidden, plan, b in frozen)) for b in order)
 
 
@@ -314,9 +348,11 @@ def _notice(message: str) -> None:
 class AOTCachedModel(BucketedModel):
     """A model and its KV cache, each step run by an AOTInductor package (see the module's doc).
 
-    Calls are padded to the smallest bucket that holds them, as on the static engine: padding
-    rows write KV rows after the real ones, are masked from every later query, and are then
-    overwritten. Compaction gathers accepted rows in place."""
+    Calls below the dynamic package's rows are padded to the smallest fixed bucket that holds them,
+    as on the static engine: padding rows write KV rows after the real ones, are masked from every
+    later query, and are then overwritten. ``buckets`` lists every row count a call runs at (each
+    fixed bucket, then every count the dynamic package serves up to the largest tree), so a cost
+    profile timed at them is exact. Compaction gathers accepted rows in place."""
 
     engine = "aot"
 
@@ -331,10 +367,15 @@ class AOTCachedModel(BucketedModel):
         if distributed.is_sharded(model):  # (a package holds one process's graph: no collectives)
             raise DynaTreeError("engine='aot' does not run a tensor-parallel (sharded) model; use engine='hf'")
         self.cache = None  # (the KV lives in self.keys / self.values)
-        self.buckets = tuple(sorted(buckets)) if buckets else BUCKETS
-        self.max_tree_rows = self.buckets[-1]
+        wanted = tuple(sorted(buckets)) if buckets else BUCKETS
+        self.max_tree_rows = wanted[-1]
         self._hidden = self.plain_head()
-        self._packages = packages(model, self.buckets, self._hidden, self.linear_plan)
+        fixed, self._dynamic_from = package_layout(model, wanted, self.linear_plan)
+        self._packages = packages(model, wanted, self._hidden, self.linear_plan)
+        low = self._dynamic_from
+        self.buckets = fixed + (tuple(range(low, max(low, self.max_tree_rows) + 1)) if low else ())
+        # (what the steps were built with: a cost profile timed on other packages is not theirs)
+        self.build = {"grouped_kv": "packed" if GROUPED_KV else False, "dynamic_from": low}
         self._eager = Step(model, self._hidden)
         layers, heads, dim = kv_shape(model)
         self._kv_shape = (layers, heads, dim)
@@ -375,7 +416,7 @@ class AOTCachedModel(BucketedModel):
                 logits: bool = False) -> torch.Tensor | None:
         """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens (those larger than every
         bucket run the same step eagerly, unpadded)."""
-        step = max(self.buckets[-1], PREFILL_CHUNK)
+        step = max(self.max_tree_rows, PREFILL_CHUNK)
         parts = [super(AOTCachedModel, self).prefill(list(tokens[i : i + step]), hidden, layers,
                                                      logits and i + step >= len(tokens))
                  for i in range(0, len(tokens), step)]
@@ -393,11 +434,13 @@ class AOTCachedModel(BucketedModel):
 
     def _run(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
              last_only: bool) -> torch.Tensor:
-        """One padded step by its bucket's package (an unpadded eager one for a prefill chunk
-        larger than every bucket); the real rows of its output."""
+        """One step by its package: a fixed bucket's (padded), or the package of dynamic rows
+        (unpadded, prefill chunks too), else an unpadded eager one for a prefill chunk larger than
+        every bucket; the real rows of its output."""
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         q, length = tokens.numel(), self._length
         bucket = next((b for b in self.buckets if b >= q), None)
+        dynamic = self._dynamic_from is not None and (bucket or q) >= self._dynamic_from
         if bucket is None and not (visible.shape[1] == q and torch.equal(visible, torch.ones(q, q, dtype=torch.bool).tril())):
             raise DynaTreeError(f"a call of {q} tree rows exceeds the aot engine's largest bucket ({self.buckets[-1]})")
         width = bucket or q
@@ -406,11 +449,13 @@ class AOTCachedModel(BucketedModel):
         self.calls += 1
         # A package reads the whole cache (its length is the package's dynamic dimension); an eager
         # chunk reads only the rows it attends to, through views (a package's inputs must be whole).
-        columns = self.capacity if bucket else length + q
+        columns = self.capacity if bucket or dynamic else length + q
         ids, pos, allowed = padded_step_inputs(tokens, positions, visible, since, length, width, columns)
         mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         args = (ids, mask.view(1, 1, width, -1), pos, torch.arange(length, length + width))
-        if bucket is None:
+        if dynamic:
+            out = self._packages[self._dynamic_from].runner(*args, self.keys, self.values)
+        elif bucket is None:
             with prefill_layout(self.linear_plan, q), grouped_kv(GROUPED_KV):
                 out = self._eager(*args, [k[:, :, :columns] for k in self.keys], [v[:, :, :columns] for v in self.values])
         else:
