@@ -154,11 +154,12 @@ def package_layout(model: torch.nn.Module, buckets: Sequence[int],
       the weights once for one or two rows but not for more. A step of 8 rows of SmolLM2-135M took
       30.8 ms frozen against 44.6 traced (4 rows 25.7 against 30.3; 2-core EPYC);
     - one package of dynamic rows instead of a frozen one per bucket: a tree is not padded (at 300
-      cached tokens, 6 rows 22.3 ms against 26.7 padded to 8, 12 rows 30.2 against 35.5; at 3, 4, 8
-      and 16 rows the same time as the bucket's own package, medians of 7), the weights are packed
-      once (543 MB for the embedded target, on disk and in memory) instead of once per bucket, and
-      the prompt's chunks run compiled (Spec-Bench prompts of 39-92 tokens: 65-134 ms against 91-190
-      eager; 659-768 tokens: level);
+      cached tokens, 5-6 rows 21.8-22.5 ms against 26.1-26.3 padded to 8, 10-12 rows 27.7-29.7
+      against 34.0-34.4 padded to 16; medians, ``benchmarks/cpu/aot_dynamic_rows.jsonl``; at the
+      buckets' own sizes it took the time of the bucket's own package, with the same outputs), and
+      the weights are packed once (543 MB for the embedded target, on disk and in memory) instead
+      of once per bucket. The prompt's chunks run on it too, about level with the eager chunks
+      (12 Spec-Bench prompts: 5.49 s against 5.41; 0.79-1.06x prompt by prompt);
     - "or fewer rows": the plan is measured row count by row count over the model's weights, and
       near the crossing its choice flips with the machine's noise (the embedded target's plan on
       the EPYC: row-major for 1-2 rows, packed for 3, row-major for 4, packed from 6); packing
