@@ -37,14 +37,14 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    from dynatree.bench.sysinfo import machine_info, provenance
+    from dynatree.bench.sysinfo import record_meta
     from dynatree.bench.specbench_questions import specbench_prompts
     from dynatree.loading import models
     from dynatree.options import EngineOptions
     from dynatree.runtime.cache import vocab_size
     from dynatree.runtime.engines import cached_model, resolve
 
-    code = provenance().get("code")
+    meta = record_meta(args.threads)  # (at the start: the code that runs)
     target, tok = models.load_model("smollm2-135m")
     options = resolve(EngineOptions(engine="aot"), target)
     kv = cached_model(target, vocab_size(target), "aot", 4096, options.cache_options("cpu"))
@@ -97,8 +97,6 @@ def main() -> None:
                 **{f"{w}_ms": round(1e3 * s, 1) for w, s in best[pid].items()}}
         print(json.dumps(line), flush=True)
         lines.append(line)
-    meta = {"threads": args.threads, "code": code, "date": time.strftime("%Y-%m-%d"), "machine": machine_info(),
-            "torch": torch.__version__}
     if args.out:
         with open(args.out, "w") as f:
             for line in lines:

@@ -34,11 +34,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    from dynatree.bench.sysinfo import machine_info, provenance
+    from dynatree.bench.sysinfo import record_meta
     from dynatree.loading import models
     from dynatree.runtime import aot_engine as aot
     from dynatree.runtime.cache import few_row_plan, plain_head
 
+    meta = record_meta(args.threads)  # (at the start: the code that runs)
     target, _ = models.load_model("smollm2-135m")
     plan, hidden = few_row_plan(target, torch.device("cpu"), True), plain_head(target)
     layers, heads, dim = aot.kv_shape(target)
@@ -79,8 +80,6 @@ def main() -> None:
                             "min_ms": round(min(ts), 2), "median_ms": round(statistics.median(ts), 2), "calls": len(ts)}
                     print(json.dumps(line), flush=True)
                     lines.append(line)
-    meta = {"threads": args.threads, "code": provenance().get("code"), "date": time.strftime("%Y-%m-%d"),
-            "machine": machine_info(), "torch": torch.__version__}
     if args.out:
         with open(args.out, "w") as f:
             for line in lines:

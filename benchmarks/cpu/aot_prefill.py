@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 
 def main() -> None:
@@ -26,10 +25,11 @@ def main() -> None:
     torch.set_grad_enabled(False)
     import dynatree
     from dynatree.bench.specbench_questions import specbench_prompts
-    from dynatree.bench.sysinfo import machine_info, provenance
+    from dynatree.bench.sysinfo import record_meta
     from dynatree.runtime import aot_engine
     from dynatree.loading import models
 
+    meta = record_meta(args.threads)  # (at the start: the code that runs)
     target, tok = models.load_model("smollm2-135m")
     prompts = [ids for _, ids in specbench_prompts("spec-bench", tok, 1, 2048, first_turns=True)[:6]]
     chosen = aot_engine.prefill_layout
@@ -49,8 +49,7 @@ def main() -> None:
             "prefill_s": {v: round(sum(s), 2) for v, s in seconds.items()},
             "ratio_of_sums": round(sum(seconds["prefill_layout"]) / sum(seconds["F.linear"]), 3),
             "median_pair_ratio": round(statistics.median(pairs), 3),
-            "threads": args.threads, "code": provenance().get("code"), "date": time.strftime("%Y-%m-%d"),
-            "machine": machine_info(), "torch": torch.__version__}
+            **meta}
     print(json.dumps(line))
     if args.out:
         with open(args.out, "w") as f:

@@ -32,10 +32,10 @@ def main() -> None:
     torch.set_grad_enabled(False)
     import dynatree
     from dynatree.bench.specbench_questions import specbench_prompts
-    from dynatree.bench.sysinfo import machine_info, provenance
+    from dynatree.bench.sysinfo import record_meta
     from dynatree.loading import models
 
-    code = provenance().get("code")
+    meta = record_meta(args.threads)  # (at the start: the code that runs)
     target, tok = models.load_model("smollm2-135m")
     prompts = specbench_prompts("spec-bench", tok, 1, 2048, first_turns=True)
     for engine in ("hf", "aot"):
@@ -68,7 +68,7 @@ def main() -> None:
                    "head_ms_per_round": round(1e3 * head / rounds, 2),
                    "prefill_s": round(prefill, 2),
                    "rest_ms_per_round": round(1e3 * (wall - prefill - forward - head) / rounds, 2),
-                   "threads": args.threads, "code": code, "date": time.strftime("%Y-%m-%d"), "machine": machine_info()}
+                   **meta}
             print(json.dumps({k: v for k, v in row.items() if k != "machine"}), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

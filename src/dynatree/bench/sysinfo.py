@@ -93,6 +93,16 @@ def provenance() -> dict[str, Any]:
             "versions": library_versions(), "code": code_version()}
 
 
+def record_meta(threads: int) -> dict[str, Any]:
+    """What a benchmark script's every record carries beside its numbers: threads, code, date,
+    machine and torch. Call it at the script's start: the code is read once (``code_version`` is
+    cached), so it names the code that ran, not what the tree holds when the run ends."""
+    import time
+
+    return {"threads": threads, "code": code_version(), "date": time.strftime("%Y-%m-%d"),
+            "machine": machine_info(), "torch": torch.__version__}
+
+
 def reset_peak_memory(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch.device(device))

@@ -230,7 +230,7 @@ def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, 
     cols = torch.export.Dim("columns", min=bucket + 2, max=1 << 22)
     # (Dim.AUTO: a named range fails export's proof of guards it cannot simplify, such as
     #  ``rows * min(64, 192 * rows) == 64 * rows`` from the stacked heads; checked below instead)
-    rows = torch.export.Dim.AUTO if frozen else None
+    rows = torch.export.Dim.AUTO
     if frozen:
         bucket = max(bucket, 8)
     layout = contextlib.nullcontext() if frozen else few_row_layout(plan, bucket)
@@ -241,8 +241,8 @@ def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, 
         mask = torch.zeros(1, 1, bucket, _FIRST_COLUMNS, dtype=param.dtype)
         args = (torch.zeros(1, bucket, dtype=torch.long), mask, torch.arange(bucket).view(1, -1),
                 torch.arange(bucket), keys, values)
-        shapes = ({1: rows} if rows else None, {2: rows, 3: cols} if rows else {3: cols}, {1: rows} if rows else None,
-                  {0: rows} if rows else None, [{2: cols}] * layers, [{2: cols}] * layers)
+        shapes = (({1: rows}, {2: rows, 3: cols}, {1: rows}, {0: rows}) if frozen else (None, {3: cols}, None, None)) \
+            + ([{2: cols}] * layers, [{2: cols}] * layers)
         try:
             program = torch.export.export(Step(model, hidden), args, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # (torch.export's errors run over many lines)
@@ -297,8 +297,7 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
     loaded = _LOADED.setdefault(model, {})
     fixed, low = package_layout(model, buckets, plan)
     buckets = fixed + ((low,) if low else ())
-    frozen = {low} if low else set()
-    keys = {b: package_key(model, b, hidden, plan, b in frozen) for b in buckets}
+    keys = {b: package_key(model, b, hidden, plan, b == low) for b in buckets}
     names = {b: json.dumps(k, sort_keys=True) for b, k in keys.items()}
     todo = [b for b in buckets if names[b] not in loaded and not aot_store.cached(keys[b])]
     bar = None
@@ -314,12 +313,12 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
         for b in buckets:
             if names[b] not in loaded:
                 def load(path: str, b: int = b) -> _Bound:
-                    bound = _Bound(torch._inductor.aoti_load_package(path), b in frozen)
+                    bound = _Bound(torch._inductor.aoti_load_package(path), b == low)
                     bound.bind(model, hidden)
                     return bound
 
                 loaded[names[b]], _ = aot_store.obtain(
-                    keys[b], lambda path, b=b: build_package(path, model, b, hidden, plan, b in frozen), load)
+                    keys[b], lambda path, b=b: build_package(path, model, b, hidden, plan, b == low), load)
                 if bar is not None and b in todo:
                     bar.update(1)
             out[b] = loaded[names[b]]
@@ -335,11 +334,10 @@ def all_cached(model: torch.nn.Module, buckets: Sequence[int], plan: LinearPlan 
     from dynatree.runtime.cache import plain_head
 
     hidden, (fixed, low) = plain_head(model), package_layout(model, buckets, plan)
-    frozen = {low} if low else set()
     # (the unfrozen ones first: a frozen package's key needs the weights' digest, about 0.4 s for
     # the 135M target, which a machine that never built the engine should not pay on every call)
-    order = list(fixed) + ([low] if low else [])
-    return all(aot_store.cached(package_key(model, b, hidden, plan, b in frozen)) for b in order)
+    order = fixed + ((low,) if low else ())
+    return all(aot_store.cached(package_key(model, b, hidden, plan, b == low)) for b in order)
 
 
 def _notice(message: str) -> None:
@@ -371,9 +369,10 @@ class AOTCachedModel(BucketedModel):
         wanted = tuple(sorted(buckets)) if buckets else BUCKETS
         self.max_tree_rows = wanted[-1]
         self._hidden = self.plain_head()
-        fixed, self._dynamic_from = package_layout(model, wanted, self.linear_plan)
         self._packages = packages(model, wanted, self._hidden, self.linear_plan)
-        low = self._dynamic_from
+        # (read off the packages themselves: a second layout could see other free memory)
+        fixed = tuple(b for b, p in self._packages.items() if not p.frozen)
+        low = self._dynamic_from = next((b for b, p in self._packages.items() if p.frozen), None)
         self.buckets = fixed + (tuple(range(low, max(low, self.max_tree_rows) + 1)) if low else ())
         # (what the steps were built with: a cost profile timed on other packages is not theirs)
         self.build = {"grouped_kv": "packed" if GROUPED_KV else False, "dynamic_from": low}
