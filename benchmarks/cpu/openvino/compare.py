@@ -1,17 +1,23 @@
-"""Our decoding against OpenVINO GenAI's on one CPU, interleaved prompt by prompt (README.md).
+"""Every exact decoder a CPU user could pick, on Spec-Bench's questions, interleaved prompt by prompt
+(README.md): the run behind the README's first table.
 
-HF greedy ``generate``; our autoregressive decoding, our default (draft model + text) and the text
-alone, on the eager engine (``engine="hf"``) and on the ahead-of-time compiled one (``engine="aot"``,
-its packages built or loaded before the first pass, the time recorded); OpenVINO GenAI plain and
-with prompt lookup, in a worker process of its own virtual environment (``openvino_worker.py``:
-only one side runs at a time). Spec-Bench's first turns, 2 questions per task (12 prompts), each
-prompt to HF greedy's own end (its EOS, or 192 tokens). HF's outputs are taken first (its warm-up);
-then every decoder decodes the first prompt once (theirs), and ``--passes`` passes follow, each
-running every decoder on each prompt in turn, the order reversed from one prompt to the next, so
-a slow spell of the machine falls on all of them alike. Every output is checked against HF's.
+Decoders (``--decoders``, all by default): HF greedy ``generate``, HF prompt lookup and HF assisted
+generation (the shipped draft, exported to a plain HF model); our autoregressive decoding on the
+eager engine (``engine="hf"``) and on the ahead-of-time compiled one (``engine="aot"``, its
+packages built or loaded before the first pass, the time recorded); on the aot engine our default
+(draft model + text), the text alone and the draft model alone; OpenVINO GenAI plain and with
+prompt lookup, in a worker process of its own virtual environment (``openvino_worker.py``: only one
+side runs at a time). Spec-Bench's questions, ``--questions`` per task, MT-bench's with both turns
+(``--first-turns``: first turns only), each prompt to HF greedy's own end (its EOS, or ``--new``
+tokens). HF's outputs are taken first (its warm-up); then every decoder decodes the first prompt
+once (theirs), and ``--passes`` passes follow, each running every decoder on each prompt in turn,
+the order reversed from one prompt to the next, so a slow spell of the machine falls on all of
+them alike. Every output is checked against HF's.
 
-Per decoder and pass: the tokens and the seconds (prefill included), and so a pooled rate (all
-tokens over all time); the file gives each pass's and their median.
+The file holds every (pass, prompt, decoder) record -- tokens, seconds (prefill included), equal to
+HF greedy's or not -- and, per decoder and pass, pooled rates (all tokens over all time) overall
+and per Spec-Bench task, with their median; it is rewritten after each pass, so an interrupted run
+keeps the passes it finished.
 
     python benchmarks/cpu/openvino/compare.py --dir /tmp/ov --prepare     # the HF folder to export
     python benchmarks/cpu/openvino/compare.py --dir /tmp/ov --ov-python /tmp/ov/venv/bin/python --out FILE.json
@@ -31,8 +37,22 @@ import torch
 #: ours: decoder -> (engine, with the draft model, with the text draft)
 OURS = {"ours-autoregressive": ("hf", False, False), "ours-default": ("hf", True, True),
         "ours-autoregressive-aot": ("aot", False, False), "ours-default-aot": ("aot", True, True),
-        "ours-text-aot": ("aot", False, True)}
+        "ours-text-aot": ("aot", False, True), "ours-draft-aot": ("aot", True, False)}
+#: HF's: decoder -> generate's extra arguments ("assistant" stands for the exported draft)
+HF = {"hf": {}, "hf-prompt-lookup": {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2},
+      "hf-assisted": {"assistant_model": "assistant"}}
 THEIRS = {"openvino-plain": "plain", "openvino-prompt-lookup": "prompt-lookup"}
+DEFAULT = ["hf", "hf-prompt-lookup", "hf-assisted", "ours-autoregressive", "ours-autoregressive-aot",
+           "ours-default-aot", "ours-text-aot", "ours-draft-aot", "openvino-plain", "openvino-prompt-lookup"]
+
+
+def pooled(records: list[dict], decoder: str, passes: int, task: str | None = None) -> list[float]:
+    """Per pass, the decoder's tokens over its seconds (over one task's prompts, or all)."""
+    out = []
+    for p in range(passes):
+        rows = [r for r in records if r["decoder"] == decoder and r["pass"] == p and task in (None, r["task"])]
+        out.append(sum(r["tokens"] for r in rows) / sum(r["seconds"] for r in rows))
+    return out
 
 
 def main() -> None:
@@ -43,14 +63,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new", type=int, default=192)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--questions", type=int, default=2, help="Spec-Bench questions per task")
+    ap.add_argument("--questions", type=int, default=8, help="Spec-Bench questions per task")
+    ap.add_argument("--first-turns", action="store_true", help="MT-bench's first turns only")
+    ap.add_argument("--decoders", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join([*HF, *OURS, *THEIRS])}")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    names = args.decoders.split(",")
+    unknown = sorted(set(names) - {*HF, *OURS, *THEIRS})
+    if unknown or "hf" not in names:
+        ap.error(f"unknown decoders {unknown}" if unknown else "'hf' (the reference) must be among the decoders")
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
 
     import dynatree
-    from dynatree.bench.specbench_questions import specbench_prompts
+    from dynatree.bench.runner import hf_assistant
+    from dynatree.bench.specbench_questions import greedy_answerer, row_task, specbench_prompts
     from dynatree.bench.sysinfo import machine_info, provenance
     from dynatree.loading import models
     from dynatree.runtime import aot_store
@@ -62,17 +89,24 @@ def main() -> None:
         target.save_pretrained(args.dir / "hf")  # (what optimum-intel exports to OpenVINO's format)
         tok.save_pretrained(args.dir / "hf")
         return
-    if not args.ov_python or not args.out:
-        ap.error("--ov-python and --out are needed (or --prepare)")
+    if not args.out or (set(names) & set(THEIRS) and not args.ov_python):
+        ap.error("--out is needed, and --ov-python for OpenVINO's decoders (or --prepare)")
     draft = models.resolve_draft("smollm2-135m-distilled", target)
-    prompts = specbench_prompts("spec-bench", tok, args.questions, 2048, first_turns=True)
-    worker = subprocess.Popen([args.ov_python, str(Path(__file__).with_name("openvino_worker.py")),
-                               "--ir", str(args.dir / "ir"), "--threads", str(args.threads)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    hello = json.loads(worker.stdout.readline())
+    assistant = hf_assistant(draft) if "hf-assisted" in names else None
+    prompts = specbench_prompts("spec-bench", tok, args.questions, 2048, greedy_answerer(target, args.new),
+                                progress=True, first_turns=args.first_turns)
+    task_of = {pid: row_task({"prompt_id": pid})[0] for pid, _ in prompts}
+    worker, hello = None, {}
+    if set(names) & set(THEIRS):
+        worker = subprocess.Popen([args.ov_python, str(Path(__file__).with_name("openvino_worker.py")),
+                                   "--ir", str(args.dir / "ir"), "--threads", str(args.threads)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        hello = json.loads(worker.stdout.readline())
     t0 = time.perf_counter()
     dynatree.precompile(target, draft, 4096, dynatree.EngineOptions(engine="aot"))  # (built, or loaded: timed)
     aot_ready_s = time.perf_counter() - t0
+    pad = target.generation_config.pad_token_id
+    pad = pad if pad is not None else target.generation_config.eos_token_id
 
     def decode(name: str, ids: list[int], new: int) -> tuple[list[int], float]:
         if name in THEIRS:
@@ -81,8 +115,11 @@ def main() -> None:
             answer = json.loads(worker.stdout.readline())
             return answer["tokens"], answer["seconds"]
         t = time.perf_counter()
-        if name == "hf":
-            out = target.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False)[0, len(ids):]
+        if name in HF:
+            extra = {k: (assistant if v == "assistant" else v) for k, v in HF[name].items()}
+            x = torch.tensor([ids])
+            out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, do_sample=False,
+                                  pad_token_id=pad, **extra)[0, len(ids):]
         else:
             engine, model, text = OURS[name]
             out = dynatree.generate(target, draft if model else None, ids, "dynatree" if model or text else "autoregressive",
@@ -90,42 +127,46 @@ def main() -> None:
                                     options=dynatree.EngineOptions(engine=engine)).sequences[0, len(ids):]
         return out.tolist(), time.perf_counter() - t
 
-    refs = {pid: decode("hf", ids, args.new)[0] for pid, ids in prompts}
-    names = ["hf", *OURS, *THEIRS]
-    for name in names:  # (first-use costs: the linear plan, the cost profiles, graph warm-up)
-        decode(name, prompts[0][1], 8)
-    passes = {name: [] for name in names}
-    equal = {name: 0 for name in names}
     from tqdm.auto import tqdm
 
+    refs = {pid: decode("hf", ids, args.new)[0] for pid, ids in tqdm(prompts, desc="HF greedy references")}
+    for name in names:  # (first-use costs: the linear plan, the cost profiles, graph warm-up)
+        decode(name, prompts[0][1], 8)
+    records: list[dict] = []
     bar = tqdm(total=args.passes * len(prompts), desc="prompts", unit="prompt")
     for p in range(args.passes):
-        totals = {name: [0, 0.0] for name in names}
         for i, (pid, ids) in enumerate(prompts):
             for name in (names if (p * len(prompts) + i) % 2 == 0 else names[::-1]):
                 out, seconds = decode(name, ids, len(refs[pid]))
-                totals[name][0] += len(out)
-                totals[name][1] += seconds
-                equal[name] += out == refs[pid]
+                records.append({"pass": p, "prompt": pid, "task": task_of[pid], "decoder": name,
+                                "tokens": len(out), "seconds": round(seconds, 4), "equal": out == refs[pid]})
             bar.update(1)
-        for name, (tokens, seconds) in totals.items():
-            passes[name].append({"tokens": tokens, "seconds": round(seconds, 3)})
+        done = p + 1
+        rates = {k: pooled(records, k, done) for k in names}
+        builds = [json.loads(f.read_text()).get("build_s") for f in aot_store.cache_dir().glob("*.json")]
+        result = {"machine": machine_info(), "threads": args.threads, "prompts": len(prompts),
+                  "questions_per_task": args.questions, "turns": "first" if args.first_turns else "all",
+                  "passes": done, "new_tokens": args.new, "decoders": names,
+                  "date": time.strftime("%Y-%m-%d"), "code": code, "torch": torch.__version__,
+                  "transformers": __import__("transformers").__version__,
+                  "openvino": hello.get("openvino"), "openvino_settings": hello.get("settings"),
+                  "pooled_tokens_per_second": {k: round(statistics.median(v), 1) for k, v in rates.items()},
+                  "pooled_per_pass": {k: [round(x, 1) for x in v] for k, v in rates.items()},
+                  "per_task_pooled_median": {t: {k: round(statistics.median(pooled(records, k, done, t)), 1)
+                                                 for k in names} for t in dict.fromkeys(task_of.values())},
+                  "per_pass": {k: [{"tokens": sum(r["tokens"] for r in records if r["decoder"] == k and r["pass"] == q),
+                                    "seconds": round(sum(r["seconds"] for r in records
+                                                         if r["decoder"] == k and r["pass"] == q), 3)}
+                                   for q in range(done)] for k in names},
+                  "outputs_equal_to_hf": {k: f"{sum(r['equal'] for r in records if r['decoder'] == k)} of "
+                                             f"{done * len(prompts)}" for k in names},
+                  "aot_ready_s": round(aot_ready_s, 1), "aot_package_build_s": sorted(b for b in builds if b is not None),
+                  "lengths": [len(v) for v in refs.values()], "records": records}
+        args.out.write_text(json.dumps(result, indent=1))
     bar.close()
-    worker.stdin.close()
-    worker.wait()
-    pooled = {name: [r["tokens"] / r["seconds"] for r in runs] for name, runs in passes.items()}
-    builds = [json.loads(p.read_text()).get("build_s") for p in aot_store.cache_dir().glob("*.json")]
-    result = {"machine": machine_info(), "threads": args.threads, "prompts": len(prompts), "passes": args.passes,
-              "new_tokens": args.new,
-              "date": time.strftime("%Y-%m-%d"), "code": code, "torch": torch.__version__,
-              "openvino": hello["openvino"], "openvino_settings": hello["settings"],
-              "pooled_tokens_per_second": {k: round(statistics.median(v), 1) for k, v in pooled.items()},
-              "pooled_per_pass": {k: [round(x, 1) for x in v] for k, v in pooled.items()},
-              "per_pass": passes,
-              "outputs_equal_to_hf": {k: f"{v} of {args.passes * len(prompts)}" for k, v in equal.items()},
-              "aot_ready_s": round(aot_ready_s, 1), "aot_package_build_s": sorted(b for b in builds if b is not None),
-              "lengths": [len(v) for v in refs.values()]}
-    args.out.write_text(json.dumps(result, indent=1))
+    if worker is not None:
+        worker.stdin.close()
+        worker.wait()
     print(json.dumps({k: result[k] for k in ("pooled_tokens_per_second", "pooled_per_pass", "outputs_equal_to_hf")},
                      indent=1))
 
