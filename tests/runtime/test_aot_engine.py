@@ -383,6 +383,31 @@ def test_auto_takes_aot_once_its_packages_are_built(llama, monkeypatch) -> None:
     assert engines.resolve(options.replace(kv_window=64), model).engine == "hf"
 
 
+def test_auto_builds_for_a_call_that_repays_the_build_and_else_says_how_once(llama, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(engines, "AUTO_MIN_PARAMS", 1)
+    monkeypatch.setattr(engines, "_HINTED", __import__("weakref").WeakSet())
+    model = llama["target"]
+    options = EngineOptions(buckets=BUCKETS)
+    monkeypatch.setattr(aot_engine, "all_cached", lambda m, b, p: False)
+    plan = engines.resolve(options, model).linear_plan
+    assert engines.resolve(options, model).engine == "hf"
+    hint = capsys.readouterr().err
+    assert hint.count("dynatree build-engine") == 1, hint  # once per model, not per call
+    repaid = engines.aot_repaid_tokens(model, BUCKETS, plan)
+    # the break-even: at least one package's expected build time over each token's saving
+    layers = aot_engine.kv_shape(model)[0]
+    assert repaid >= aot_engine.expected_build_s(model, 1) / (engines.AOT_SAVING_S_PER_LAYER_TOKEN * layers)
+    assert engines.resolve(options, model, tokens=repaid - 1).engine == "hf"
+    assert "build" not in capsys.readouterr().err
+    assert engines.resolve(options, model, tokens=repaid).engine == "aot"
+    assert "builds it" in capsys.readouterr().err
+    monkeypatch.setattr(engines, "AOT_SAVING_S_PER_LAYER_TOKEN", engines.AOT_SAVING_S_PER_LAYER_TOKEN / 2)
+    assert engines.resolve(options, model, tokens=repaid).engine == "hf"  # a smaller saving repays later
+    monkeypatch.setattr(aot_engine, "all_cached", lambda m, b, p: True)
+    assert engines.resolve(options, model, tokens=1).engine == "aot"  # built: taken whatever the length
+    assert "build-engine" not in capsys.readouterr().err
+
+
 def test_refusals_are_one_line(llama) -> None:
     cases = [
         (lambda: EngineOptions(engine="aot", compile=True), "engine='aot' is compiled ahead of time"),

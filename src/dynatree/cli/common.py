@@ -139,7 +139,8 @@ def engine_flags(engine: str = "auto") -> Callable[[F], F]:
     ``--kv-sinks``, ``--cpu-linear``) for a command whose ``options`` parameter then receives them
     as one :class:`~dynatree.options.EngineOptions`. ``engine`` is the default engine: the bench
     records an explicit one in every row, so it has no "auto"."""
-    auto = ("auto (aot on a CPU once its packages are built; compiled static on CUDA or with --compile; else hf) | "
+    auto = ("auto (aot on a CPU once its packages are built, or for a run long enough to repay building them; "
+            "compiled static on CUDA or with --compile; else hf) | "
             if engine == "auto" else "")
     flags = [
         flag("engine", Annotated[str, typer.Option(

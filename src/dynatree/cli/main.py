@@ -143,7 +143,7 @@ def generate(
         ids, eos = chat_prompt(tok, [{"role": "user", "content": prompt}]), chat_eos(tmodel, tok)
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
-    options = resolve_options(options, tmodel)
+    options = resolve_options(options, tmodel, tokens=max_new_tokens)
     prompt_tokens = len(ids) if isinstance(ids, list) else ids.shape[-1]  # (--chat gives a list)
     if options.kv_window is None:  # a run too long for the model: the error now, not after compiling for it
         check_positions(prompt_tokens, max_new_tokens, policy, tmodel, dmodel, truncate_prompt)

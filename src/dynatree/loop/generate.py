@@ -177,7 +177,7 @@ def generate(
             streaming.check(m, depth, max_positions(m))
     else:
         prompt = _fit_positions(prompt, max_new_tokens, depth, models, truncate_prompt)
-    options = resolve_options(options, target)
+    options = resolve_options(options, target, tokens=max_new_tokens)
 
     with torch.inference_mode(), eval_mode(models):
         target_kv: KVModel = cached_target(target, vocab, options, len(prompt) + max_new_tokens)

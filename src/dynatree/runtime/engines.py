@@ -26,17 +26,20 @@ from dynatree.options import CacheOptions, EngineOptions
 
 from dynatree.runtime.kernels import linear_plan
 from dynatree.options import LinearPlan, fixed_plan
-from dynatree.tuning import AUTO_MIN_PARAMS, CPU_AUTO_BUCKETS  # (why: there)
+from dynatree.tuning import AOT_SAVING_S_PER_LAYER_TOKEN, AUTO_MIN_PARAMS, CPU_AUTO_BUCKETS  # (why: there)
 
 
-def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
+def resolve(options: EngineOptions, target: torch.nn.Module, tokens: int | None = None) -> EngineOptions:
     """``options`` with ``"auto"``/None decided: the fastest exact configuration that does not make
-    the call wait minutes for a compiler.
+    the call wait minutes for a compiler it would not repay.
 
     ``"auto"``, for a real model (>= ``AUTO_MIN_PARAMS`` parameters) without KV eviction, is the
     ahead-of-time compiled ``aot`` engine on a CPU once its packages for the model are on disk
     (:mod:`dynatree.runtime.aot_engine`: built once per model shape and machine, loaded in
-    milliseconds; ``compile=`` given asks for the static engine instead). Otherwise it is the
+    milliseconds; ``compile=`` given asks for the static engine instead), or when the call will
+    generate ``tokens`` or more (:func:`aot_repaid_tokens`: the packages' expected build time over
+    what each token saves on them), which builds them first. Where neither holds it says once per
+    model, on stderr, that ``dynatree build-engine`` would make the steps faster. Otherwise it is the
     compiled static engine (buckets up to 32 rows on a CPU) on CUDA, and on a CPU when the options'
     explicit ``pool`` already holds compiled graphs for the model (``precompile`` into it, or an
     earlier call that compiled with it) or ``compile=True`` asks for it. The process's default
@@ -52,18 +55,23 @@ def resolve(options: EngineOptions, target: torch.nn.Module) -> EngineOptions:
     cpu_linear, plan = resolve_cpu_linear(target, options.cpu_linear, options.linear_plan)
     if engine == "auto":
         engine, compile, buckets = _auto_engine(target, compile, buckets, options.kv_window, options.pool,
-                                                plan if cpu_linear else None)
+                                                plan if cpu_linear else None, tokens)
     return options.replace(engine=engine, compile=False if compile is None else compile, buckets=buckets,
                            cpu_linear=cpu_linear, linear_plan=plan)
 
 
 def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: tuple[int, ...] | None,
-                 kv_window: int | None, pool: Any, plan: LinearPlan | None = None,
+                 kv_window: int | None, pool: Any, plan: LinearPlan | None = None, tokens: int | None = None,
                  ) -> tuple[str, bool | str | None, tuple[int, ...] | None]:
     if kv_window is not None or not _has_params(target, AUTO_MIN_PARAMS):
         return "hf", compile, buckets  # compile=True here is refused as needing the static engine
     device = next(target.parameters()).device.type
-    if device == "cpu" and compile is None and _aot_cached(target, buckets, plan):
+    aot = device == "cpu" and compile is None and _aot_applies(target)
+    if aot and _aot_cached(target, buckets, plan):
+        return "aot", False, buckets
+    if aot and tokens is not None and tokens >= aot_repaid_tokens(target, buckets, plan):
+        notice(f"dynatree: {tokens} tokens repay building the aot engine (from "
+               f"{aot_repaid_tokens(target, buckets, plan)}): engine='auto' builds it")
         return "aot", False, buckets
     built = _check_pool(pool).compiled_buckets(target) if pool is not None else None
     if compile is None:  # (the compiler is asked last: its first check runs the C++ compiler, ~0.5 s
@@ -71,22 +79,59 @@ def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: t
         #                    is not imported yet)
         compile = (device == "cuda" or built is not None) and _can_compile(device)
     if not compile:  # uncompiled, the static engine is no faster than hf (engine_ab.jsonl): keep hf
+        if aot:
+            _hint_build(target, buckets, plan)
         return "hf", False, buckets
     if buckets is None:  # reuse the graphs already built rather than compiling other buckets
         buckets = built if built is not None else CPU_AUTO_BUCKETS if device == "cpu" else None
     return "static", compile, buckets
 
 
-def _aot_cached(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: LinearPlan | None) -> bool:
-    """Whether the aot engine's packages for ``target`` are built on this machine (then a run
-    loads them in milliseconds: ``"auto"`` takes that engine). A model with sliding-window layers
-    never gets it (the engine refuses those)."""
-    from dynatree.runtime import aot_engine
+def _aot_applies(target: torch.nn.Module) -> bool:
+    """Whether the aot engine can run ``target``: not with sliding-window layers, nor sharded (the
+    engine refuses those)."""
     from dynatree.runtime.window import attention_layout
 
-    if attention_layout(target) is not None or distributed.is_sharded(target):
-        return False
+    return attention_layout(target) is None and not distributed.is_sharded(target)
+
+
+def _aot_cached(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: LinearPlan | None) -> bool:
+    """Whether the aot engine's packages for ``target`` are built on this machine (then a run
+    loads them in milliseconds: ``"auto"`` takes that engine)."""
+    from dynatree.runtime import aot_engine
+
     return aot_engine.all_cached(target, buckets or aot_engine.BUCKETS, plan)
+
+
+def aot_repaid_tokens(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: LinearPlan | None) -> int:
+    """Tokens after which building ``target``'s aot packages has paid for itself: their expected
+    build time over what a token saves on them (``AOT_SAVING_S_PER_LAYER_TOKEN`` per layer). The
+    draft model's packages are not counted: its saving is not either."""
+    from dynatree.runtime import aot_engine
+
+    fixed, low = aot_engine.package_layout(target, buckets or aot_engine.BUCKETS, plan)
+    build_s = aot_engine.expected_build_s(target, len(fixed) + (1 if low else 0))
+    return int(build_s / (AOT_SAVING_S_PER_LAYER_TOKEN * aot_engine.kv_shape(target)[0])) + 1
+
+
+#: Models already told that the aot engine is not built for them (weakly: never keeps one alive).
+_HINTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def _hint_build(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: LinearPlan | None) -> None:
+    """Once per model: say that the compiled CPU engine would be faster and how to build it, rather
+    than leave a user on the eager engine without knowing (a call as short as most is not worth
+    building it inside: :func:`aot_repaid_tokens`)."""
+    if target in _HINTED:
+        return
+    _HINTED.add(target)
+    from dynatree.runtime import aot_engine
+
+    fixed, low = aot_engine.package_layout(target, buckets or aot_engine.BUCKETS, plan)
+    minutes = aot_engine.expected_build_s(target, len(fixed) + (1 if low else 0)) / 60
+    notice(f"dynatree: engine='auto' runs eager: the compiled CPU engine is not built for this model here; "
+           f"`dynatree build-engine` (or dynatree.precompile(..., EngineOptions(engine='aot'))) builds it once "
+           f"(about {minutes:.0f} min on 2 cores) and later runs take it")
 
 
 def _has_params(model: torch.nn.Module, count: int) -> bool:
