@@ -46,13 +46,18 @@ DEFAULT = ["hf", "hf-prompt-lookup", "hf-assisted", "ours-autoregressive", "ours
            "ours-default-aot", "ours-text-aot", "ours-draft-aot", "openvino-plain", "openvino-prompt-lookup"]
 
 
-def pooled(records: list[dict], decoder: str, passes: int, task: str | None = None) -> list[float]:
-    """Per pass, the decoder's tokens over its seconds (over one task's prompts, or all)."""
+def totals(records: list[dict], decoder: str, passes: int, task: str | None = None) -> list[tuple[int, float]]:
+    """Per pass, the decoder's tokens and seconds (over one task's prompts, or all)."""
     out = []
     for p in range(passes):
         rows = [r for r in records if r["decoder"] == decoder and r["pass"] == p and task in (None, r["task"])]
-        out.append(sum(r["tokens"] for r in rows) / sum(r["seconds"] for r in rows))
+        out.append((sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)))
     return out
+
+
+def pooled(records: list[dict], decoder: str, passes: int, task: str | None = None) -> list[float]:
+    """Per pass, the decoder's tokens over its seconds (over one task's prompts, or all)."""
+    return [tokens / seconds for tokens, seconds in totals(records, decoder, passes, task)]
 
 
 def main() -> None:
@@ -154,10 +159,8 @@ def main() -> None:
                   "pooled_per_pass": {k: [round(x, 1) for x in v] for k, v in rates.items()},
                   "per_task_pooled_median": {t: {k: round(statistics.median(pooled(records, k, done, t)), 1)
                                                  for k in names} for t in dict.fromkeys(task_of.values())},
-                  "per_pass": {k: [{"tokens": sum(r["tokens"] for r in records if r["decoder"] == k and r["pass"] == q),
-                                    "seconds": round(sum(r["seconds"] for r in records
-                                                         if r["decoder"] == k and r["pass"] == q), 3)}
-                                   for q in range(done)] for k in names},
+                  "per_pass": {k: [{"tokens": n, "seconds": round(t, 3)} for n, t in totals(records, k, done)]
+                               for k in names},
                   "outputs_equal_to_hf": {k: f"{sum(r['equal'] for r in records if r['decoder'] == k)} of "
                                              f"{done * len(prompts)}" for k in names},
                   "aot_ready_s": round(aot_ready_s, 1), "aot_package_build_s": sorted(b for b in builds if b is not None),

@@ -69,9 +69,9 @@ def _auto_engine(target: torch.nn.Module, compile: bool | str | None, buckets: t
     aot = device == "cpu" and compile is None and _aot_applies(target)
     if aot and _aot_cached(target, buckets, plan):
         return "aot", False, buckets
-    if aot and tokens is not None and tokens >= aot_repaid_tokens(target, buckets, plan):
-        notice(f"dynatree: {tokens} tokens repay building the aot engine (from "
-               f"{aot_repaid_tokens(target, buckets, plan)}): engine='auto' builds it")
+    repaid = aot_repaid_tokens(target, buckets, plan) if aot and tokens is not None else None
+    if repaid is not None and tokens >= repaid:
+        notice(f"dynatree: {tokens} tokens repay building the aot engine (from {repaid}): engine='auto' builds it")
         return "aot", False, buckets
     built = _check_pool(pool).compiled_buckets(target) if pool is not None else None
     if compile is None:  # (the compiler is asked last: its first check runs the C++ compiler, ~0.5 s
@@ -109,9 +109,15 @@ def aot_repaid_tokens(target: torch.nn.Module, buckets: tuple[int, ...] | None, 
     draft model's packages are not counted: its saving is not either."""
     from dynatree.runtime import aot_engine
 
+    return int(_aot_build_s(target, buckets, plan) / (AOT_SAVING_S_PER_LAYER_TOKEN * aot_engine.kv_shape(target)[0])) + 1
+
+
+def _aot_build_s(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: LinearPlan | None) -> float:
+    """The expected build time of ``target``'s aot packages (as many as its package layout has)."""
+    from dynatree.runtime import aot_engine
+
     fixed, low = aot_engine.package_layout(target, buckets or aot_engine.BUCKETS, plan)
-    build_s = aot_engine.expected_build_s(target, len(fixed) + (1 if low else 0))
-    return int(build_s / (AOT_SAVING_S_PER_LAYER_TOKEN * aot_engine.kv_shape(target)[0])) + 1
+    return aot_engine.expected_build_s(target, len(fixed) + (1 if low else 0))
 
 
 #: Models already told that the aot engine is not built for them (weakly: never keeps one alive).
@@ -125,10 +131,7 @@ def _hint_build(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: 
     if target in _HINTED:
         return
     _HINTED.add(target)
-    from dynatree.runtime import aot_engine
-
-    fixed, low = aot_engine.package_layout(target, buckets or aot_engine.BUCKETS, plan)
-    minutes = aot_engine.expected_build_s(target, len(fixed) + (1 if low else 0)) / 60
+    minutes = _aot_build_s(target, buckets, plan) / 60
     notice(f"dynatree: engine='auto' runs eager: the compiled CPU engine is not built for this model here; "
            f"`dynatree build-engine` (or dynatree.precompile(..., EngineOptions(engine='aot'))) builds it once "
            f"(about {minutes:.0f} min on 2 cores) and later runs take it")
