@@ -131,12 +131,13 @@ AUTO_MIN_PARAMS = 20_000_000
 #: few nodes), so buckets up to 32 rows cover them and halve the graphs to compile.
 CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
 #: What each generated token saves on the aot engine over the eager one, per target layer, in
-#: seconds: 0.53 ms on the 2-core Intel Xeon (SmolLM2-135M, 30 layers, our plain decoding 19.6 ->
-#: 28.4 tok/s, 2026-11-28) and 0.62 ms on the 2-core EPYC (22.6 -> 38.8 tok/s); the lower, rounded
-#: down, so that ``engine="auto"`` builds the packages only for a call that surely repays the build
-#: (both the build and the saving grow with the layers, so the break-even in tokens barely moves
-#: with the model's depth: about 15,000 tokens for the embedded target).
-AOT_SAVING_S_PER_LAYER_TOKEN = 0.5e-3
+#: seconds: 0.48 ms on the 2-core Intel Xeon (SmolLM2-135M, 30 layers, our plain decoding 21.1 ->
+#: 30.4 tok/s, benchmarks/cpu/openvino/intel-xeon-headline.json, 2026-11-28) and 0.62 ms on the
+#: 2-core EPYC (22.6 -> 38.8 tok/s, amd-epyc-aot-dynamic-rows.json); the lower, rounded down, so
+#: that ``engine="auto"`` builds the packages only for a call that surely repays the build (both
+#: the build and the saving grow with the layers, so the break-even in tokens barely moves with the
+#: model's depth: about 17,000 tokens for the embedded target).
+AOT_SAVING_S_PER_LAYER_TOKEN = 0.45e-3
 #: (``cpu_linear=None`` no longer turns the few-row layout on from 2 threads, as tuned on the
 #: 2-core EPYC: the kernel per row count is measured on the user's CPU, ``kernels/linear_plan.py``.)
 #: Most rows a call may have to take the few-row layout: 64 rows were still faster than
