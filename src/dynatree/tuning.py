@@ -132,11 +132,11 @@ AUTO_MIN_PARAMS = 20_000_000
 CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
 #: What each generated token saves on the aot engine over the eager one, per target layer, in
 #: seconds: 0.48 ms on the 2-core Intel Xeon (SmolLM2-135M, 30 layers, our plain decoding 21.1 ->
-#: 30.4 tok/s, benchmarks/cpu/openvino/intel-xeon-headline.json, 2026-11-28) and 0.62 ms on the
+#: 30.4 tok/s, benchmarks/cpu/openvino/intel-xeon-4q.json, 2026-11-28) and 0.62 ms on the
 #: 2-core EPYC (22.6 -> 38.8 tok/s, amd-epyc-aot-dynamic-rows.json); the lower, rounded down, so
 #: that ``engine="auto"`` builds the packages only for a call that surely repays the build (both
 #: the build and the saving grow with the layers, so the break-even in tokens barely moves with the
-#: model's depth: about 17,000 tokens for the embedded target).
+#: model's depth: about 30,000 tokens for the embedded target, its build estimated at 405 s (7 min) on a machine that has not built packages yet).
 AOT_SAVING_S_PER_LAYER_TOKEN = 0.45e-3
 #: (``cpu_linear=None`` no longer turns the few-row layout on from 2 threads, as tuned on the
 #: 2-core EPYC: the kernel per row count is measured on the user's CPU, ``kernels/linear_plan.py``.)

@@ -285,6 +285,8 @@ def test_packages_are_built_once_and_then_loaded(llama) -> None:
     stamps = [p.stat().st_mtime_ns for p in packages]
     run(llama, "linear", "self", prompt(3, 1), 8, k=4)
     assert [p.stat().st_mtime_ns for p in packages] == stamps
+    records = aot_engine.loaded_records(llama["target"])  # (what the bench reports as built)
+    assert {r["bucket"] for r in records} >= {*fixed, low} and all(r["build_s"] > 0 for r in records)
 
 
 def test_a_second_process_loads_the_packages_without_building(llama, cache_dir: Path) -> None:
@@ -369,6 +371,104 @@ def test_two_processes_building_at_once_build_it_once(tmp_path: Path) -> None:
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all("the package" in o for o in outs), outs
     assert (tmp_path / "builds.log").read_text().count("build") == 1
+
+
+def _package(name: str, **key) -> tuple[dict, Path]:
+    """A package of a few bytes built through the store, keyed like a real one on this machine."""
+    key = {"model": name, **aot_store.machine(), **key}
+    aot_store.obtain(key, lambda path: Path(path).write_bytes(name.encode()), lambda path: path)
+    return key, aot_store.path_for(key)
+
+
+def _age(path: Path, days: float) -> None:
+    then = __import__("time").time() - days * 86400
+    for f in (path, path.with_suffix(".json"), path.with_suffix(".sha256")):
+        os.utime(f, (then, then))
+
+
+def test_prune_removes_what_cannot_load_here_and_what_is_unused_if_asked(tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    monkeypatch.setattr(aot_store, "cache_dir", lambda: tmp_path)
+    live_key, live = _package("live")
+    _, other_torch = _package("old torch", torch="0.0.1")
+    _, other_cpu = _package("other cpu", cpu="another CPU")
+    _, corrupt = _package("corrupt")
+    corrupt.write_bytes(b"a flipped bit")
+    _, unrecorded = _package("no record")
+    unrecorded.with_suffix(".json").unlink()
+    _, old_format = _package("old format")
+    record = json.loads(old_format.with_suffix(".json").read_text())
+    old_format.with_suffix(".json").write_text(json.dumps({**record, "format": aot_store.FORMAT + 1}))
+    unused_key, unused = _package("unused")
+    _age(unused, 10)
+    _, building = _package("being rebuilt", torch="0.0.2")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead_tmp, live_tmp = tmp_path / f"x.{gone.pid}.tmp.pt2", tmp_path / f"y.{os.getpid()}.tmp.pt2"
+    dead_tmp.write_bytes(b"half")
+    live_tmp.write_bytes(b"half")
+
+    dead = {other_torch, other_cpu, corrupt, unrecorded, old_format, building}
+    assert {e.path for e in aot_store.entries(verify=True) if e.stale} == dead
+    assert {e.path for e in aot_store.entries() if e.stale} == dead - {corrupt}  # (the checksum only if asked)
+    with aot_store.locked(building):  # (another process rebuilding it holds its lock)
+        removed, freed = aot_store.prune()
+    assert {e.path for e in removed} == dead - {building}
+    assert freed == sum(e.size for e in removed) + len(b"half")
+    assert not any(p.exists() or p.with_suffix(".json").exists() for p in dead - {building})
+    assert building.exists() and live.exists() and unused.exists() and live_tmp.exists() and not dead_tmp.exists()
+
+    assert aot_store.obtain(unused_key, lambda p: None, lambda p: "loaded") == ("loaded", False)  # a load is a use
+    assert [e.path for e in aot_store.prune(unused_days=5)[0]] == [building]  # (its lock released)
+    _age(unused, 10)
+    assert [e.path for e in aot_store.prune(unused_days=5)[0]] == [unused]
+    assert aot_store.obtain(live_key, lambda p: None, lambda p: "loaded") == ("loaded", False)
+
+
+def test_the_build_estimate_scales_by_what_this_machine_took(llama, tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    monkeypatch.setattr(aot_store, "cache_dir", lambda: tmp_path)
+    model = llama["target"]
+    one = aot_engine.BUILD_S_FIXED + aot_engine.BUILD_S_PER_LAYER * aot_engine.kv_shape(model)[0]
+    assert aot_engine.build_pace() == 1.0  # (nothing built here yet: the constants)
+    assert aot_engine.expected_build_s(model, 2, 1) == pytest.approx(one * (2 + aot_engine.BUILD_FROZEN_FACTOR))
+
+    def took(name: str, layers: int, frozen: bool, seconds: float, **key) -> None:
+        _, path = _package(name, config=json.dumps({"num_hidden_layers": layers}), **({"frozen": True} if frozen else {}),
+                           **key)
+        record = json.loads(path.with_suffix(".json").read_text())
+        path.with_suffix(".json").write_text(json.dumps({**record, "build_s": seconds}))
+
+    slow = 3.0
+    took("a", 30, False, slow * (aot_engine.BUILD_S_FIXED + 30 * aot_engine.BUILD_S_PER_LAYER))
+    took("b", 2, True, slow * (aot_engine.BUILD_S_FIXED + 2 * aot_engine.BUILD_S_PER_LAYER)
+         * aot_engine.BUILD_FROZEN_FACTOR)
+    took("c", 30, False, 1e6, torch="0.0.1")  # (another torch's build: not this environment's pace)
+    assert aot_engine.build_pace() == pytest.approx(slow)
+    assert aot_engine.expected_build_s(model, 2, 1) == pytest.approx(slow * one * (2 + aot_engine.BUILD_FROZEN_FACTOR))
+    took("d", 30, False, 1e6)
+    assert aot_engine.build_pace() == 4.0  # (bounded: one odd build does not make it absurd)
+
+
+def test_engine_cache_lists_and_prunes_from_the_command_line(tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from dynatree.cli.main import app
+
+    monkeypatch.setattr(aot_store, "cache_dir", lambda: tmp_path)
+    _, live = _package("live")
+    _, old = _package("old", torch="0.0.1")
+    listed = CliRunner().invoke(app, ["engine-cache"])
+    assert listed.exit_code == 0, listed.output
+    assert "2 package(s)" in listed.output and "1 can never load here" in listed.output
+    assert "built for torch 0.0.1" in listed.output and "loads here" in listed.output
+    pruned = CliRunner().invoke(app, ["engine-cache", "--prune"])
+    assert pruned.exit_code == 0 and f"removed {old.name}" in pruned.output and "1 package(s) removed" in pruned.output
+    assert live.exists() and not old.exists()
+    refused = CliRunner().invoke(app, ["engine-cache", "--unused-days", "3"])
+    assert refused.exit_code == 2 and refused.output.strip() == "error: --unused-days 3 needs --prune and a number of days >= 0"
 
 
 # ------------------------------------------------------------------------------- choices

@@ -85,7 +85,7 @@ def main() -> None:
     from dynatree.bench.specbench_questions import greedy_answerer, row_task, specbench_prompts
     from dynatree.bench.sysinfo import machine_info, provenance
     from dynatree.loading import models
-    from dynatree.runtime import aot_store
+    from dynatree.runtime import aot_engine
 
     code = provenance().get("code")  # (at the start: the code that runs, not what the tree holds after)
     target, tok = models.load_model("smollm2-135m")
@@ -148,7 +148,8 @@ def main() -> None:
             bar.update(1)
         done = p + 1
         rates = {k: pooled(records, k, done) for k in names}
-        builds = [json.loads(f.read_text()).get("build_s") for f in aot_store.cache_dir().glob("*.json")]
+        builds = {role: [r.get("build_s") for r in aot_engine.loaded_records(m)]
+                  for role, m in (("target", target), ("draft", draft))}  # (the packages this run loaded)
         result = {"machine": machine_info(), "threads": args.threads, "prompts": len(prompts),
                   "questions_per_task": args.questions, "turns": "first" if args.first_turns else "all",
                   "passes": done, "new_tokens": args.new, "decoders": names,
@@ -163,7 +164,7 @@ def main() -> None:
                                for k in names},
                   "outputs_equal_to_hf": {k: f"{sum(r['equal'] for r in records if r['decoder'] == k)} of "
                                              f"{done * len(prompts)}" for k in names},
-                  "aot_ready_s": round(aot_ready_s, 1), "aot_package_build_s": sorted(b for b in builds if b is not None),
+                  "aot_ready_s": round(aot_ready_s, 1), "aot_package_build_s": builds,
                   "lengths": [len(v) for v in refs.values()], "records": records}
         args.out.write_text(json.dumps(result, indent=1))
     bar.close()

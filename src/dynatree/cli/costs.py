@@ -1,7 +1,8 @@
 """``dynatree costs`` (what a model costs on this machine, and the budgets the defaults take),
 ``dynatree random-model`` (a random-weight model of a real model's shape, to see those costs for a
-model whose weights you do not have here) and ``dynatree build-engine`` (the ahead-of-time compiled
-engine's packages for a pair, built once per model shape and machine)."""
+model whose weights you do not have here), ``dynatree build-engine`` (the ahead-of-time compiled
+engine's packages for a pair, built once per model shape and machine) and ``dynatree engine-cache``
+(those packages listed, and pruned)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,39 @@ def build_engine(
     precompile(model, dmodel, 1 << 12, EngineOptions(engine="aot"))
     typer.echo(f"aot engine ready for {target}{'' if dmodel is None else ' and its draft'} in "
                f"{time.perf_counter() - start:.1f} s (packages in {aot_store.cache_dir()})")
+
+
+@friendly_errors
+def engine_cache(
+    prune: Annotated[bool, Opt("--prune", help="Remove the packages this environment can never load (built by another "
+                                               "torch, transformers or CPU, or damaged).")] = False,
+    unused_days: Annotated[float | None, Opt(help="With --prune: also remove packages neither built nor loaded for "
+                                                  "this many days.")] = None,
+) -> None:
+    """List the aot engine's packages on this machine (model, rows, size, build time, last use, and
+    why one can no longer load here), or remove the dead ones with --prune. Nothing is removed
+    otherwise: another environment with another torch may share the folder."""
+    import datetime
+
+    from dynatree.errors import DynaTreeError
+    from dynatree.runtime import aot_store
+
+    if unused_days is not None and (not prune or unused_days < 0):
+        raise DynaTreeError(f"--unused-days {unused_days:g} needs --prune and a number of days >= 0")
+    if prune:
+        removed, freed = aot_store.prune(unused_days)
+        for entry in removed:
+            typer.echo(f"removed {entry.path.name}: {entry.stale or 'unused'}")
+        typer.echo(f"{len(removed)} package(s) removed, {freed / 1e6:.0f} MB freed ({aot_store.cache_dir()})")
+        return
+    listed = aot_store.entries(verify=True)
+    for e in listed:
+        r = e.record or {}
+        rows = f"{r.get('bucket')}+ rows" if r.get("frozen") else f"{r.get('bucket')} rows"
+        when = datetime.datetime.fromtimestamp(e.used).strftime("%Y-%m-%d %H:%M")
+        typer.echo(f"{e.path.name}  {r.get('class', '?'):<20} {rows:<9} {e.size / 1e6:7.0f} MB  "
+                   f"built in {r.get('build_s', '?')} s  used {when}  {e.stale or 'loads here'}")
+    dead = [e for e in listed if e.stale]
+    typer.echo(f"{len(listed)} package(s), {sum(e.size for e in listed) / 1e6:.0f} MB in {aot_store.cache_dir()}"
+               + (f"; {len(dead)} can never load here ({sum(e.size for e in dead) / 1e6:.0f} MB): "
+                  "`dynatree engine-cache --prune` removes them" if dead else ""))

@@ -393,3 +393,4 @@ for _command in (_bench.bench, _bench.sweep, _bench.report):
 app.command("costs")(_costs.costs)
 app.command("random-model")(_costs.random_model)
 app.command("build-engine")(_costs.build_engine)
+app.command("engine-cache")(_costs.engine_cache)

@@ -40,6 +40,7 @@ CPU-only here; on CUDA, ``engine="static"`` with ``compile=True`` is the compile
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import weakref
 from collections.abc import Sequence
@@ -59,10 +60,14 @@ from dynatree.tuning import PREFILL_CHUNK
 #: choose 3-8 nodes; a text proposal takes up to 16). Those below the plan's packed rows are one
 #: package each; the rest one package of dynamic rows (:func:`package_layout`).
 BUCKETS = (1, 2, 4, 8, 16)
-#: Build seconds per package, per decoder layer, and fixed: the expected duration printed before a
-#: build (SmolLM2-135M, 30 layers: 55-60 s a bucket with packed attention, 2026-11-28; 94 s for the
-#: package of dynamic rows; a 2-layer model about 10 s; 2-core AMD EPYC).
-BUILD_S_PER_LAYER, BUILD_S_FIXED = 1.65, 8.0
+#: Build seconds of one fixed-rows package: fixed, and per decoder layer; the package of dynamic
+#: rows (its weights frozen in) takes ``BUILD_FROZEN_FACTOR`` times that. Fitted on the slower of
+#: the two CPUs measured, so that a machine that never built a package is not promised too little:
+#: a 2-core Intel Xeon (Emerald Rapids, KVM), 2026-11-28, SmolLM2-135M (30 layers) 82-91 s a fixed
+#: bucket and 148 s the dynamic one, its 2-layer draft 14-17 s and 22 s (a 2-core AMD EPYC took
+#: 55-60 s and 94 s for the target). Once this machine has built packages, the estimate is scaled
+#: by what they took (:func:`build_pace`).
+BUILD_S_PER_LAYER, BUILD_S_FIXED, BUILD_FROZEN_FACTOR = 2.6, 10.0, 1.6
 _FIRST_COLUMNS = 64  # the cache's first allocation (and the export's example length)
 _GROWTH_COLUMNS = 128  # the cache grows by an eighth, rounded up to a multiple of this
 
@@ -216,8 +221,36 @@ def package_key(model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearP
     return key
 
 
-def expected_build_s(model: torch.nn.Module, packages: int) -> float:
-    return packages * (BUILD_S_FIXED + BUILD_S_PER_LAYER * kv_shape(model)[0])
+def _package_s(layers: int, frozen: bool) -> float:
+    return (BUILD_S_FIXED + BUILD_S_PER_LAYER * layers) * (BUILD_FROZEN_FACTOR if frozen else 1.0)
+
+
+def build_pace() -> float:
+    """What this machine's packages took to build over what the constants above predict for them
+    (1.0 before it built any): the records in the store of builds this environment can load (same
+    CPU, torch and transformers as now). Bounded to 0.25-4 so that one odd build does not make the estimate
+    absurd."""
+    took = predicted = 0.0
+    for entry in aot_store.entries():
+        record = entry.record or {}
+        if entry.stale is not None or "build_s" not in record or "config" not in record:
+            continue
+        try:
+            config = json.loads(record["config"])
+        except (TypeError, ValueError):
+            continue
+        layers = (config.get("text_config") or config).get("num_hidden_layers")
+        if isinstance(layers, int):
+            took += float(record["build_s"])
+            predicted += _package_s(layers, bool(record.get("frozen")))
+    return min(max(took / predicted, 0.25), 4.0) if predicted else 1.0
+
+
+def expected_build_s(model: torch.nn.Module, fixed: int, frozen: int = 0) -> float:
+    """Seconds to build ``fixed`` packages of fixed rows and ``frozen`` of dynamic rows for
+    ``model`` on this machine (the constants above, times :func:`build_pace`)."""
+    layers = kv_shape(model)[0]
+    return (fixed * _package_s(layers, False) + frozen * _package_s(layers, True)) * build_pace()
 
 
 def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None,
@@ -292,8 +325,6 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
              log: Any = None) -> dict[int, _Bound]:
     """The bound packages of :func:`package_layout`, keyed by their fewest rows (each fixed bucket,
     and the dynamic package's lower end): loaded from the store, built first where missing."""
-    import json
-
     loaded = _LOADED.setdefault(model, {})
     fixed, low = package_layout(model, buckets, plan)
     buckets = fixed + ((low,) if low else ())
@@ -303,7 +334,7 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
     bar = None
     if todo:
         (log or _notice)(f"dynatree: building the aot engine for {type(model).__name__}: {len(todo)} package(s), about "
-                         f"{expected_build_s(model, len(todo)) / 60:.1f} min on a 2-core CPU, once per model shape "
+                         f"{expected_build_s(model, sum(b != low for b in todo), int(low in todo)) / 60:.1f} min here, once per model shape "
                          f"and machine (kept in {aot_store.cache_dir()})")
         from tqdm.auto import tqdm
 
@@ -327,6 +358,15 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
         if bar is not None:
             bar.close()
     return out
+
+
+def loaded_records(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """The build records (key, ``build_s``) of the packages this process loaded for ``model``."""
+    records = []
+    for name in _LOADED.get(model, {}):
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(aot_store.path_for(json.loads(name)).with_suffix(".json").read_text()))
+    return records
 
 
 def all_cached(model: torch.nn.Module, buckets: Sequence[int], plan: LinearPlan | None) -> bool:

@@ -16,12 +16,16 @@ Three rules keep a package from being trusted when it should not be:
   that fails to load, is deleted and built again.
 
 Folder: ``$DYNATREE_CACHE_DIR/aot`` if the variable is set, else the platform's user cache dir,
-beside the linear plans and the cost profiles.
+beside the linear plans and the cost profiles. Nothing is removed from it on its own (another
+virtual environment with another torch may share the folder and still load its packages):
+:func:`prune`, behind ``dynatree engine-cache --prune``, removes what this environment can never
+load and, if asked, what has not been used for some days.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -114,7 +118,8 @@ def build_into(path: Path, build: Callable[[str], None], meta: Mapping[str, Any]
     finally:
         tmp.unlink(missing_ok=True)
     seconds = time.perf_counter() - start
-    path.with_suffix(".json").write_text(json.dumps({**meta, "build_s": round(seconds, 1)}, indent=1, default=str))
+    record = {**meta, "format": FORMAT, "build_s": round(seconds, 1)}
+    path.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str))
     path.with_suffix(".sha256").write_text(_digest(path))
     return seconds
 
@@ -126,16 +131,108 @@ def obtain(key: Mapping[str, Any], build: Callable[[str], None], load: Callable[
     path = path_for(key)
     if intact(path):
         with contextlib.suppress(Exception):
-            return load(str(path)), False
+            return _used(path, load(str(path))), False
     with locked(path):
         if intact(path):  # (another process finished it while this one waited)
             with contextlib.suppress(Exception):
-                return load(str(path)), False
+                return _used(path, load(str(path))), False
         discard(path)
         build_into(path, build, key)
         return load(str(path)), True
 
 
+def _used(path: Path, loaded: _T) -> _T:
+    """``loaded``, after stamping ``path``'s record with the time (what ``prune``'s
+    ``unused_days`` reads: a file's access time is not kept on every filesystem)."""
+    with contextlib.suppress(OSError):
+        os.utime(path.with_suffix(".json"))
+    return loaded
+
+
 def cached(key: Mapping[str, Any]) -> bool:
     """Whether an intact package of ``key`` is on disk (what ``engine="auto"`` asks)."""
     return intact(path_for(key))
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One package in the folder: its file, the record written when it was built (None if there is
+    none), its size with its sidecars, when it was last built or loaded, and why this environment
+    can never load it (None: it can)."""
+
+    path: Path
+    record: dict[str, Any] | None
+    size: int
+    used: float
+    stale: str | None
+
+
+def _stale(path: Path, record: dict[str, Any] | None, here: Mapping[str, Any], verify: bool) -> str | None:
+    if record is None:
+        return "no build record"
+    if record.get("format", 1) != FORMAT:
+        return f"package format {record.get('format', 1)}"
+    for field in ("torch", "transformers", "cpu", "machine"):
+        if record.get(field) != here[field]:
+            return f"built for {field} {record.get(field)}"
+    return "checksum mismatch" if verify and not intact(path) else None
+
+
+def entries(verify: bool = False) -> list[Entry]:
+    """Every package in :func:`cache_dir`, oldest use first; ``verify`` checks each one's checksum
+    too (reading every byte: about a second for the embedded target's frozen package)."""
+    here, out = machine(), []
+    for path in cache_dir().glob("*.pt2"):
+        if ".tmp." in path.name:
+            continue
+        try:
+            record = json.loads(path.with_suffix(".json").read_text())
+        except (OSError, ValueError):
+            record = None
+        files = [f for f in (path, *(path.with_suffix(s) for s in (".json", ".sha256"))) if f.exists()]
+        used = max(f.stat().st_mtime for f in files)
+        out.append(Entry(path, record, sum(f.stat().st_size for f in files), used, _stale(path, record, here, verify)))
+    return sorted(out, key=lambda e: e.used)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prune(unused_days: float | None = None) -> tuple[list[Entry], int]:
+    """Remove the packages this environment can never load (another torch, transformers, CPU or
+    package format, a checksum that fails, no build record), and with ``unused_days`` those neither
+    built nor loaded for that many days; also the temporary files of builds whose process is gone.
+    A package being built (its lock held) is left alone, and so are the empty lock files: one
+    removed while another process waits on it would let a third build beside that one. Returns
+    the removed packages and every byte freed."""
+    import fcntl
+
+    cutoff = None if unused_days is None else time.time() - unused_days * 86400
+    removed, freed = [], 0
+    for tmp in cache_dir().glob("*.tmp.pt2"):
+        pid = tmp.name.split(".")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                freed += tmp.stat().st_size
+                tmp.unlink()
+    for entry in entries(verify=True):
+        if entry.stale is None and (cutoff is None or entry.used >= cutoff):
+            continue
+        with open(entry.path.with_suffix(".lock"), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # (being built or rebuilt now)
+            discard(entry.path)
+            entry.path.with_suffix(".json").unlink(missing_ok=True)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        removed.append(entry)
+        freed += entry.size
+    return removed, freed

@@ -117,7 +117,7 @@ def _aot_build_s(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan:
     from dynatree.runtime import aot_engine
 
     fixed, low = aot_engine.package_layout(target, buckets or aot_engine.BUCKETS, plan)
-    return aot_engine.expected_build_s(target, len(fixed) + (1 if low else 0))
+    return aot_engine.expected_build_s(target, len(fixed), 1 if low else 0)
 
 
 #: Models already told that the aot engine is not built for them (weakly: never keeps one alive).
@@ -134,7 +134,7 @@ def _hint_build(target: torch.nn.Module, buckets: tuple[int, ...] | None, plan: 
     minutes = _aot_build_s(target, buckets, plan) / 60
     notice(f"dynatree: engine='auto' runs eager: the compiled CPU engine is not built for this model here; "
            f"`dynatree build-engine` (or dynatree.precompile(..., EngineOptions(engine='aot'))) builds it once "
-           f"(about {minutes:.0f} min on 2 cores) and later runs take it")
+           f"(about {minutes:.0f} min here) and later runs take it")
 
 
 def _has_params(model: torch.nn.Module, count: int) -> bool:
