@@ -136,7 +136,8 @@ CPU_AUTO_BUCKETS = (1, 2, 4, 8, 16, 32)
 #: 2-core EPYC (22.6 -> 38.8 tok/s, amd-epyc-aot-dynamic-rows.json); the lower, rounded down, so
 #: that ``engine="auto"`` builds the packages only for a call that surely repays the build (both
 #: the build and the saving grow with the layers, so the break-even in tokens barely moves with the
-#: model's depth: about 30,000 tokens for the embedded target, its build estimated at 405 s (7 min) on a machine that has not built packages yet).
+#: model's depth: about 30,000 tokens for the embedded target, its build estimated at 405 s on a
+#: machine that has not built packages yet).
 AOT_SAVING_S_PER_LAYER_TOKEN = 0.45e-3
 #: (``cpu_linear=None`` no longer turns the few-row layout on from 2 threads, as tuned on the
 #: 2-core EPYC: the kernel per row count is measured on the user's CPU, ``kernels/linear_plan.py``.)

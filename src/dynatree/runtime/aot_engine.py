@@ -228,8 +228,8 @@ def _package_s(layers: int, frozen: bool) -> float:
 def build_pace() -> float:
     """What this machine's packages took to build over what the constants above predict for them
     (1.0 before it built any): the records in the store of builds this environment can load (same
-    CPU, torch and transformers as now). Bounded to 0.25-4 so that one odd build does not make the estimate
-    absurd."""
+    CPU, torch and transformers as now). Bounded to 0.25-4 so that one odd build does not make the
+    estimate absurd."""
     took = predicted = 0.0
     for entry in aot_store.entries():
         record = entry.record or {}
@@ -334,7 +334,8 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
     bar = None
     if todo:
         (log or _notice)(f"dynatree: building the aot engine for {type(model).__name__}: {len(todo)} package(s), about "
-                         f"{expected_build_s(model, sum(b != low for b in todo), int(low in todo)) / 60:.1f} min here, once per model shape "
+                         f"{expected_build_s(model, sum(b != low for b in todo), int(low in todo)) / 60:.1f} min "
+                         f"here, once per model shape "
                          f"and machine (kept in {aot_store.cache_dir()})")
         from tqdm.auto import tqdm
 

@@ -172,7 +172,7 @@ def _stale(path: Path, record: dict[str, Any] | None, here: Mapping[str, Any], v
         return "no build record"
     if record.get("format", 1) != FORMAT:
         return f"package format {record.get('format', 1)}"
-    for field in ("torch", "transformers", "cpu", "machine"):
+    for field in here:  # (what a package's code depends on besides the model: :func:`machine`)
         if record.get(field) != here[field]:
             return f"built for {field} {record.get(field)}"
     return "checksum mismatch" if verify and not intact(path) else None
@@ -189,19 +189,24 @@ def entries(verify: bool = False) -> list[Entry]:
             record = json.loads(path.with_suffix(".json").read_text())
         except (OSError, ValueError):
             record = None
-        files = [f for f in (path, *(path.with_suffix(s) for s in (".json", ".sha256"))) if f.exists()]
-        used = max(f.stat().st_mtime for f in files)
-        out.append(Entry(path, record, sum(f.stat().st_size for f in files), used, _stale(path, record, here, verify)))
+        stats = []
+        for f in (path, path.with_suffix(".json"), path.with_suffix(".sha256")):
+            with contextlib.suppress(FileNotFoundError):
+                stats.append(f.stat())
+        if not stats:  # (removed since the glob)
+            continue
+        out.append(Entry(path, record, sum(st.st_size for st in stats), max(st.st_mtime for st in stats),
+                         _stale(path, record, here, verify)))
     return sorted(out, key=lambda e: e.used)
 
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # (signal 0 only asks; PermissionError means it exists under another user)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
