@@ -69,6 +69,8 @@ def build_engine(
                                    "target alone).")] = "default",
     dtype: Annotated[str, Opt(help="float32 | bfloat16")] = "float32",
     threads: Annotated[int | None, Opt(help="torch CPU threads (what your runs will use).")] = None,
+    batches: Annotated[bool, Opt("--batches", help="Also build the target's package for batches of prompts (one "
+                                                   "more package, about as long as the largest).")] = False,
 ) -> None:
     """Build the aot engine's packages for TARGET (and its draft) on this machine: minutes once, then
     every process loads them in milliseconds and `engine=auto` runs on them (on a CPU)."""
@@ -86,7 +88,12 @@ def build_engine(
         dmodel = resolve_draft(DEFAULT_DRAFT if draft == "default" else draft, model, dtype=parse_dtype(dtype), tokenizer=tok)
     start = time.perf_counter()
     precompile(model, dmodel, 1 << 12, EngineOptions(engine="aot"))
-    typer.echo(f"aot engine ready for {target}{'' if dmodel is None else ' and its draft'} in "
+    if batches:
+        from dynatree.runtime import aot_batch
+
+        aot_batch.prepare(model)
+    typer.echo(f"aot engine ready for {target}{'' if dmodel is None else ' and its draft'}"
+               f"{' (batches too)' if batches else ''} in "
                f"{time.perf_counter() - start:.1f} s (packages in {aot_store.cache_dir()})")
 
 

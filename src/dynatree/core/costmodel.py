@@ -473,15 +473,16 @@ def measure_shares(kv: Any, rows: int, shares: Sequence[int], lazy_head: bool, r
 
 def share_profile_for(new_kv: Callable[[], Any], model: torch.nn.Module, rows: int, shares: Sequence[int],
                       lazy_head: bool, linear_plan: Any = None,
-                      log: Callable[[str], None] | None = None) -> CostProfile | None:
+                      log: Callable[[str], None] | None = None, engine: str = "hf") -> CostProfile | None:
     """The cached cost of each share for a batch of ``rows`` rows of this (model, device, dtype,
-    threads, few-row linear kernels ``linear_plan``), or a fresh measurement on ``new_kv()``
+    threads, few-row linear kernels ``linear_plan``, ``engine``), or a fresh measurement on ``new_kv()``
     (:func:`measure_shares`, saved for next time); None under ``DYNATREE_BATCH_SHARES=table``
     (the loop then reads ``tuning.BATCH_SHARE_COST``)."""
     if not batch_shares_measured():
         return None
     key = profile_key(model, "batch", False, {"rows": rows, "shares": list(shares), "lazy_head": lazy_head,
-                                               "context": BATCH_CONTEXT, "cpu_linear": linear_plan})
+                                               "context": BATCH_CONTEXT, "cpu_linear": linear_plan,
+                                               **({"engine": engine} if engine != "hf" else {})})
 
     def fresh() -> CostProfile:
         if log is not None:

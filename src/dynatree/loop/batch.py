@@ -165,7 +165,7 @@ def measured_shares(target: BatchedKV, rows: int, lazy_head: bool) -> CostProfil
     if len(shares) < 2:
         return None
     return share_profile_for(lambda: type(target)(target.model, target.vocab_size, target.linear_plan or False),
-                             target.model, rows, shares, lazy_head, target.linear_plan, log=notice)
+                             target.model, rows, shares, lazy_head, target.linear_plan, log=notice, engine=target.engine)
 
 
 def node_gains(builder: TreeBuilder, rate: float) -> list[float]:

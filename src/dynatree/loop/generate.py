@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dynatree.runtime import distributed
+from dynatree.runtime import aot_batch, distributed
 from dynatree.core.proposer import Outcome, Proposer, RunContext
 from dynatree.core.kv import KVModel
 from dynatree.core.clock import sync_clock
@@ -445,11 +445,17 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
     rngs = batch.row_generators(len(prompts), seed, generator)
     models, depth = _positioned(policy, target, draft, proposer_cls, max_new_tokens)
     prompts = [_fit_positions(p, max_new_tokens, depth, models, truncate_prompt) for p in prompts]
+    asked_aot = options.engine == "aot"
     options = resolve_options(options, target)
     vocab = vocab_size(target)
     with torch.inference_mode(), eval_mode(models):
         plan = options.cache_options(next(target.parameters()).device.type).linear_plan  # (as a single prompt's)
-        target_kv = BatchedKV(target, vocab, plan or False)
+        # The aot engine when asked for, or when "auto" chose it and the batch's own package is
+        # built (building it unasked would cost minutes): runtime/aot_batch.py
+        if options.engine == "aot" and (asked_aot or aot_batch.cached(target, plan or False)):
+            target_kv = aot_batch.AOTBatchedKV(target, vocab, plan or False)
+        else:
+            target_kv = BatchedKV(target, vocab, plan or False)
         drafts = BatchDrafts(len(prompts), vocab, plan or False)  # (the rows' draft calls run together)
         # The batch's whole setup in one frozen context (each row's proposer gets a copy with its
         # own policy and sampler: batch.open_row_proposers).

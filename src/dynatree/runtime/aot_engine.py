@@ -254,37 +254,48 @@ def expected_build_s(model: torch.nn.Module, fixed: int, frozen: int = 0) -> flo
 
 
 def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearPlan | None,
-                  frozen: bool = False) -> None:
+                  frozen: bool = False, batch: bool = False) -> None:
     """Export ``Step`` for ``bucket`` rows (the cache length dynamic) and package it: weights left
     out and the plan's few-row kernel traced in, or ``frozen``: weights packed into the package,
-    and the row count dynamic too (``bucket`` rows or more; traced with 8 or more)."""
+    and the row count dynamic too (``bucket`` rows or more; traced with 8 or more). ``batch``
+    (frozen only): the batch dimension dynamic as well, for :mod:`dynatree.runtime.aot_batch`
+    (any batch and row count, one or more; traced with 2 rows of 8)."""
     layers, heads, dim = kv_shape(model)
     param = next(model.parameters())
     cols = torch.export.Dim("columns", min=bucket + 2, max=1 << 22)
     # (Dim.AUTO: a named range fails export's proof of guards it cannot simplify, such as
     #  ``rows * min(64, 192 * rows) == 64 * rows`` from the stacked heads; checked below instead)
     rows = torch.export.Dim.AUTO
+    if batch and not frozen:
+        raise ValueError("a package of dynamic batches is a frozen one")
     if frozen:
         bucket = max(bucket, 8)
+    b = 2 if batch else 1
     layout = contextlib.nullcontext() if frozen else few_row_layout(plan, bucket)
     packed = PackedGroupedAttention() if GROUPED_KV else contextlib.nullcontext()
     with torch.inference_mode(False), torch.no_grad(), layout, grouped_kv(GROUPED_KV), packed:
-        keys = [torch.zeros(1, heads, _FIRST_COLUMNS, dim, dtype=param.dtype) for _ in range(layers)]
+        keys = [torch.zeros(b, heads, _FIRST_COLUMNS, dim, dtype=param.dtype) for _ in range(layers)]
         values = [torch.zeros_like(k) for k in keys]
-        mask = torch.zeros(1, 1, bucket, _FIRST_COLUMNS, dtype=param.dtype)
-        args = (torch.zeros(1, bucket, dtype=torch.long), mask, torch.arange(bucket).view(1, -1),
+        mask = torch.zeros(b, 1, bucket, _FIRST_COLUMNS, dtype=param.dtype)
+        args = (torch.zeros(b, bucket, dtype=torch.long), mask, torch.arange(bucket).repeat(b, 1),
                 torch.arange(bucket), keys, values)
-        shapes = (({1: rows}, {2: rows, 3: cols}, {1: rows}, {0: rows}) if frozen else (None, {3: cols}, None, None)) \
-            + ([{2: cols}] * layers, [{2: cols}] * layers)
+        if batch:
+            shapes = ({0: rows, 1: rows}, {0: rows, 2: rows, 3: cols}, {0: rows, 1: rows}, {0: rows}) \
+                + ([{0: rows, 2: cols}] * layers, [{0: rows, 2: cols}] * layers)
+        elif frozen:
+            shapes = ({1: rows}, {2: rows, 3: cols}, {1: rows}, {0: rows}) + ([{2: cols}] * layers, [{2: cols}] * layers)
+        else:
+            shapes = (None, {3: cols}, None, None) + ([{2: cols}] * layers, [{2: cols}] * layers)
         try:
             program = torch.export.export(Step(model, hidden), args, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # (torch.export's errors run over many lines)
             raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__}: {first_line(exc)}") from exc
         ids = next(n for n in program.graph.nodes if n.op == "placeholder" and n.meta["val"].dim() == 2
                    and n.meta["val"].dtype == torch.long)
-        if frozen and not isinstance(ids.meta["val"].shape[1], torch.SymInt):
-            raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__} with a dynamic row count "
-                                "(the export fixed it); use engine='hf'")
+        dims = ids.meta["val"].shape[:2] if batch else ids.meta["val"].shape[1:2]
+        if frozen and not all(isinstance(d, torch.SymInt) for d in dims):
+            raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__} with a dynamic "
+                                f"{'batch and ' if batch else ''}row count (the export fixed it); use engine='hf'")
         config = {"freezing": True} if frozen else {"aot_inductor.package_constants_in_so": False}
         torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=config)
 
@@ -331,15 +342,8 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
     keys = {b: package_key(model, b, hidden, plan, b == low) for b in buckets}
     names = {b: json.dumps(k, sort_keys=True) for b, k in keys.items()}
     todo = [b for b in buckets if names[b] not in loaded and not aot_store.cached(keys[b])]
-    bar = None
-    if todo:
-        (log or _notice)(f"dynatree: building the aot engine for {type(model).__name__}: {len(todo)} package(s), about "
-                         f"{expected_build_s(model, sum(b != low for b in todo), int(low in todo)) / 60:.1f} min "
-                         f"here, once per model shape "
-                         f"and machine (kept in {aot_store.cache_dir()})")
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo), desc="aot packages", unit="pkg", dynamic_ncols=True, file=sys.stderr)
+    bar = _announce(model, len(todo), expected_build_s(model, sum(b != low for b in todo), int(low in todo)), log) \
+        if todo else None
     out = {}
     try:
         for b in buckets:
@@ -359,6 +363,39 @@ def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan:
         if bar is not None:
             bar.close()
     return out
+
+
+def _announce(model: torch.nn.Module, count: int, seconds: float, log: Any) -> Any:
+    """Say that ``count`` packages are being built and about how long that takes; a progress bar."""
+    (log or _notice)(f"dynatree: building the aot engine for {type(model).__name__}: {count} package(s), about "
+                     f"{seconds / 60:.1f} min here, once per model shape and machine (kept in {aot_store.cache_dir()})")
+    from tqdm.auto import tqdm
+
+    return tqdm(total=count, desc="aot packages", unit="pkg", dynamic_ncols=True, file=sys.stderr)
+
+
+def batch_key(model: torch.nn.Module, hidden: bool, plan: LinearPlan | None) -> dict[str, Any]:
+    """The key of ``model``'s package of dynamic batches (:mod:`dynatree.runtime.aot_batch`)."""
+    return {**package_key(model, 1, hidden, plan, frozen=True), "batch": "dynamic"}
+
+
+def batch_package(model: torch.nn.Module, hidden: bool, plan: LinearPlan | None, log: Any = None) -> _Bound:
+    """``model``'s one frozen package of dynamic batch and row counts, loaded from the store or
+    built first (about as long as the package of dynamic rows)."""
+    loaded = _LOADED.setdefault(model, {})
+    key = batch_key(model, hidden, plan)
+    name = json.dumps(key, sort_keys=True)
+    if name not in loaded:
+        bar = None if aot_store.cached(key) else _announce(model, 1, expected_build_s(model, 0, 1), log)
+        try:
+            loaded[name], _ = aot_store.obtain(
+                key, lambda path: build_package(path, model, 1, hidden, plan, frozen=True, batch=True),
+                lambda path: _Bound(torch._inductor.aoti_load_package(path), frozen=True))
+        finally:
+            if bar is not None:
+                bar.update(1)
+                bar.close()
+    return loaded[name]
 
 
 def loaded_records(model: torch.nn.Module) -> list[dict[str, Any]]:

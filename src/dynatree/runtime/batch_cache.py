@@ -117,7 +117,7 @@ class BatchedKV:
         self.pos = self.valid.sum(1)
         if not width:
             return
-        if ragged_prefill_applies(self.device, [len(p) for p in prompts]):
+        if self._ragged([len(p) for p in prompts]):
             self._prefill_rows(prompts, width)
             return
         positions = (self.valid.long().cumsum(1) - 1).clamp_(min=0)
@@ -186,8 +186,7 @@ class BatchedKV:
         hi = max(new)
         in_place = all(n == self.width and list(k) == list(range(len(k))) for n, k in zip(old, keep))
         if in_place:  # (every row keeps a prefix of its tree and no row has holes: a plain step, say)
-            for layer in self._layers():
-                layer.keys, layer.values = layer.keys[:, :, :hi], layer.values[:, :, :hi]
+            self._trim(hi)
         elif appended and self.rows:
             # Only the kept nodes move: row b's node k[j] (tree column width + k[j]) goes to column
             # length[b] + j. Every other column keeps what it holds; the ones no row reads are holes.
@@ -196,13 +195,8 @@ class BatchedKV:
             moved = [(i, self.width + int(c), n + j) for i, (n, k) in enumerate(zip(old, keep))
                      for j, c in enumerate(k) if self.width + int(c) != n + j]
             if moved:
-                rows, src, dst = torch.as_tensor(moved, dtype=torch.long, device=self.device).unbind(1)
-            for layer in self._layers():
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    if moved:
-                        t[rows, :, dst] = t[rows, :, src]  # (the right side is gathered before the write)
-                    setattr(layer, name, t[:, :, :hi])
+                self._move(*torch.as_tensor(moved, dtype=torch.long, device=self.device).unbind(1))
+            self._trim(hi)
         valid = torch.zeros(self.rows, hi, dtype=torch.bool)
         valid[:, : self.width] = self.valid  # (hi >= width: every row commits at least its root)
         for i, (n, m) in enumerate(zip(old, new)):
@@ -219,13 +213,34 @@ class BatchedKV:
         used = valid.any(0).nonzero()
         start = int(used[0]) if len(used) else 0
         end = max(lengths) if lengths else 0
+        self._select(idx, start, end)
+        self.valid = valid[:, start:end]
+        self.lengths = [n - start for n in lengths]
+        self.pos = self.pos[idx]
+
+    # ------------------------------------------------------------------------------ storage
+    # (what another engine's batch cache replaces: :mod:`dynatree.runtime.aot_batch`)
+    def _ragged(self, lengths: list[int]) -> bool:
+        """Whether prompts of these lengths are prefilled one by one (else padded, in one call)."""
+        return ragged_prefill_applies(self.device, lengths)
+
+    def _move(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy column ``src[i]`` of batch row ``rows[i]`` to its column ``dst[i]``, every layer."""
+        for layer in self._layers():
+            for t in (layer.keys, layer.values):
+                t[rows, :, dst] = t[rows, :, src]  # (the right side is gathered before the write)
+
+    def _trim(self, columns: int) -> None:
+        """Drop the cache's columns from ``columns`` on (none is read any more)."""
+        for layer in self._layers():
+            layer.keys, layer.values = layer.keys[:, :, :columns], layer.values[:, :, :columns]
+
+    def _select(self, idx: torch.Tensor, start: int, end: int) -> None:
+        """Keep batch rows ``idx`` and columns ``[start, end)`` only."""
         for layer in self._layers():
             for name in ("keys", "values"):
                 t = getattr(layer, name)
                 setattr(layer, name, t[idx.to(t.device), :, start:end].contiguous())
-        self.valid = valid[:, start:end]
-        self.lengths = [n - start for n in lengths]
-        self.pos = self.pos[idx]
 
     def _layers(self) -> list:
         return [x for x in self.cache.layers if x.is_initialized and x.keys is not None and x.keys.numel()]
