@@ -170,3 +170,13 @@ def test_prepare_builds_the_package_generate_loads(llama, monkeypatch) -> None:
     assert not aot_batch.cached(other, plan or False)  # (frozen: keyed by the weights it holds)
     monkeypatch.setattr(aot_engine, "build_package", lambda *a, **k: pytest.fail("rebuilt"))
     run(llama, "autoregressive", "perturbed", prompts(3), n=4)
+
+
+def test_weights_over_the_packing_budget_are_refused_in_one_line(llama, monkeypatch) -> None:
+    from dynatree.runtime.kernels import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "packing_budget", lambda already=0: 1024)
+    monkeypatch.setattr(aot_engine, "build_package", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(DynaTreeError) as err:
+        run(llama, "autoregressive", "perturbed", prompts(4), n=4)
+    assert "packed copy" in str(err.value) and "\n" not in str(err.value)

@@ -64,6 +64,12 @@ class AOTBatchedKV(BatchedKV):
             raise DynaTreeError(f"engine='aot' runs on a CPU; on {self.device.type} use engine='hf' for batches")
         if distributed.is_sharded(model):
             raise DynaTreeError("engine='aot' does not run a tensor-parallel (sharded) model; use engine='hf'")
+        from dynatree.runtime.kernels.cpu_linear import packing_budget
+
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        if weights > packing_budget():  # (the package holds its own packed copy of the weights)
+            raise DynaTreeError(f"engine='aot' for batches holds a packed copy of {type(model).__name__}'s weights "
+                                f"({weights / 2**30:.1f} GiB), more than this machine's budget for one; use engine='hf'")
         self.cache = None  # (the KV lives in self.keys / self.values)
         self._hidden = self.supports_lazy_head()
         self._package = aot_engine.batch_package(model, self._hidden, self.linear_plan, log)
