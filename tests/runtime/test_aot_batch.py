@@ -8,7 +8,7 @@ is built once for this module (about 30 s on a 2-core CPU) in a temporary folder
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +16,6 @@ import torch
 import dynatree
 import dynatree.loop.batch as batch_loop
 from dynatree import STRATEGIES, DynaTreeError, EngineOptions, StoppingConfig
-from dynatree.core.costmodel import ENV_DIR
 from dynatree.runtime import aot_batch, aot_engine, engines
 from dynatree.runtime.aot_batch import AOTBatchedKV
 from dynatree.runtime.batch_cache import BatchedKV
@@ -27,15 +26,8 @@ N = 20
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("aot-batch-cache")
-    saved = os.environ.get(ENV_DIR)
-    os.environ[ENV_DIR] = str(folder)
-    yield folder
-    if saved is None:
-        os.environ.pop(ENV_DIR, None)
-    else:
-        os.environ[ENV_DIR] = saved
+def cache_dir(private_cache_dir: Path) -> Path:
+    return private_cache_dir
 
 
 @pytest.fixture(autouse=True)

@@ -33,15 +33,8 @@ NO_EOS = StoppingConfig(eos_token_id=())
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("aot-cache")
-    saved = os.environ.get(ENV_DIR)
-    os.environ[ENV_DIR] = str(folder)
-    yield folder
-    if saved is None:
-        os.environ.pop(ENV_DIR, None)
-    else:
-        os.environ[ENV_DIR] = saved
+def cache_dir(private_cache_dir: Path) -> Path:
+    return private_cache_dir
 
 
 @pytest.fixture(scope="module")
