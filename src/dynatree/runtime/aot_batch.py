@@ -83,25 +83,20 @@ class AOTBatchedKV(BatchedKV):
         return True  # (a package call costs the rows it gets: padding would only add rows)
 
     def _prefill_rows(self, prompts: Sequence[Sequence[int]], width: int) -> None:
-        """Each prompt on its own (a batch of one), causal, in chunks; its keys and values written
-        into its row's last ``len(prompt)`` columns."""
+        """Each prompt on its own (a batch of one: its row of the cache, a contiguous view), causal,
+        in chunks, written into the row's last ``len(prompt)`` columns."""
         self._ensure(len(prompts), width)
-        layers, heads, dim = self._kv_shape
         for i, p in enumerate(prompts):
             if not p:
                 continue
-            n = len(p)
-            columns = aot_engine.grown_columns(n)  # (a package takes 3 columns or more)
-            keys = [torch.zeros(1, heads, columns, dim, dtype=self.dtype) for _ in range(layers)]
-            values = [torch.zeros_like(k) for k in keys]
+            n, pad = len(p), width - len(p)
             tokens = torch.as_tensor(list(p), dtype=torch.long)
+            keys, values = [k[i : i + 1] for k in self.keys], [v[i : i + 1] for v in self.values]
             for s in range(0, n, PREFILL_CHUNK):
                 e = min(s + PREFILL_CHUNK, n)
-                allowed = torch.zeros(e - s, n, dtype=torch.bool)
-                allowed[:, :e] = torch.ones(e - s, e, dtype=torch.bool).tril(s)
-                self._step(tokens[None, s:e], torch.arange(s, e)[None], allowed[None], s, keys, values)
-            for own, row in zip(self.keys + self.values, keys + values):
-                own[i, :, width - n : width] = row[0, :, :n]
+                allowed = torch.zeros(e - s, pad + e, dtype=torch.bool)  # (the left padding never seen)
+                allowed[:, pad:] = torch.ones(e - s, e, dtype=torch.bool).tril(s)
+                self._step(tokens[None, s:e], torch.arange(s, e)[None], allowed[None], pad + s, keys, values)
         self._written = width
 
     def _call(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
