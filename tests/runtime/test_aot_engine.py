@@ -195,6 +195,29 @@ def test_a_weight_changed_in_place_gets_its_own_package(monkeypatch) -> None:
     assert aot_engine.weights_digest(model) != before
 
 
+def test_prefill_chunks_are_even_and_read_exactly_the_columns_they_fill(llama, monkeypatch) -> None:
+    """A prompt of several chunks: even chunks (no short tail), each run on a cache of exactly
+    the columns it fills once the first allocation is outgrown (a package reads every column);
+    the output stays HF greedy's."""
+    monkeypatch.setattr(aot_engine, "PREFILL_CHUNK", 40)  # (the buckets end at 32: chunks of 40)
+    seen: list[tuple[int, int, int]] = []
+    run_step = AOTCachedModel._run
+
+    def spy(self, tokens, *args, **kw):
+        seen.append((len(tokens), self.length, self.capacity))
+        return run_step(self, tokens, *args, **kw)
+
+    monkeypatch.setattr(AOTCachedModel, "_run", spy)
+    kv = _engine(llama)
+    kv.prefill(prompt(129, 4)[0].tolist())
+    assert [q for q, _, _ in seen] == [33, 33, 33, 30]
+    assert [cap for _, _, cap in seen] == [64, 66, 99, 129]  # (the first allocation holds the first chunk)
+    seen.clear()
+    ids = prompt(130, 4)
+    out = run(llama, "dynatree", "perturbed", ids, 30)
+    assert seen[0][0] == 33 and torch.equal(out.sequences, hf_greedy(llama["target"], ids, 30))
+
+
 def test_the_cache_grows_past_its_first_allocation(llama) -> None:
     """A run longer than the first 64 columns reallocates the cache (same package: the cache's
     length is a dynamic dimension) and stays exact."""

@@ -492,12 +492,27 @@ class AOTCachedModel(BucketedModel):
 
     def prefill(self, tokens: Sequence[int], hidden: bool = False, layers: Sequence[int] = (),
                 logits: bool = False) -> torch.Tensor | None:
-        """Causal prefill in chunks of at most ``PREFILL_CHUNK`` tokens (those larger than every
-        bucket run the same step eagerly, unpadded)."""
+        """Causal prefill in even chunks of at most ``PREFILL_CHUNK`` tokens (those larger than
+        every bucket run the same step eagerly, unpadded), each on a cache of exactly the columns
+        it fills.
+
+        Why exact: a package reads every column of the cache, masked or not, and a prompt's chunks
+        are the calls with the most rows: grown by an eighth, a 769-token prompt's chunks read 25%
+        more columns than they fill, and attention was about a third of its prefill (2-core Intel
+        Xeon, SmolLM2-135M: 0.46 ms per column read by a 768-row prefill). Why even: 769 tokens in
+        chunks of 256 leave a one-token chunk that reads all the weights for one row. Together:
+        the prefills of a 769- and a 660-token Spec-Bench prompt took 0.92x and 0.96x the time
+        (medians of 5 interleaved runs, same tokens). Decoding then grows the cache by an eighth."""
+        n = len(tokens)
         step = max(self.max_tree_rows, PREFILL_CHUNK)
-        parts = [super(AOTCachedModel, self).prefill(list(tokens[i : i + step]), hidden, layers,
-                                                     logits and i + step >= len(tokens))
-                 for i in range(0, len(tokens), step)]
+        size = -(-n // -(-n // step)) if n else step  # (the fewest chunks, as even as they go)
+        parts = []
+        for i in range(0, n, size):
+            chunk = list(tokens[i : i + size])
+            width = next((b for b in self.buckets if b >= len(chunk)), len(chunk))
+            if self._length + width > self.capacity:
+                self._allocate(self._length + width)
+            parts.append(super(AOTCachedModel, self).prefill(chunk, hidden, layers, logits and i + size >= n))
         if not hidden:
             return parts[-1] if logits and parts else None
         return torch.cat(parts) if parts else super().prefill([], hidden, layers)
