@@ -497,12 +497,13 @@ class AOTCachedModel(BucketedModel):
         it fills.
 
         Why exact: a package reads every column of the cache, masked or not, and a prompt's chunks
-        are the calls with the most rows: grown by an eighth, a 769-token prompt's chunks read 25%
-        more columns than they fill, and attention was about a third of its prefill (2-core Intel
+        are the calls with the most rows: grown by an eighth, a 768-token prompt's chunks read 25%
+        more columns than they filled, and attention is about a third of its prefill (2-core Intel
         Xeon, SmolLM2-135M: 0.46 ms per column read by a 768-row prefill). Why even: 769 tokens in
-        chunks of 256 leave a one-token chunk that reads all the weights for one row. Together:
-        the prefills of a 769- and a 660-token Spec-Bench prompt took 0.92x and 0.96x the time
-        (medians of 5 interleaved runs, same tokens). Decoding then grows the cache by an eighth."""
+        chunks of 256 leave a one-token chunk that reads all the weights for one row. Measured on
+        12 Spec-Bench prompts (39-768 tokens), same argmax: 0.97x the prefill time of the replaced
+        policy in all, 0.88x at 768 tokens, 0.96-1.04x at 659-766, level below 100
+        (``benchmarks/cpu/aot_prefill_exact.jsonl``). Decoding then grows the cache by an eighth."""
         n = len(tokens)
         step = max(self.max_tree_rows, PREFILL_CHUNK)
         size = -(-n // -(-n // step)) if n else step  # (the fewest chunks, as even as they go)
