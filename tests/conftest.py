@@ -16,6 +16,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # says; tests/core/test_costmodel.py switches it on per test with fake profiles and a temporary folder.
 os.environ["DYNATREE_COST_MODEL"] = "off"
 
+# A cached cost profile is re-timed once per process against the real clock (costmodel.holds):
+# off for the suite, so that no test re-measures by timing; tests/core/test_costmodel.py drives
+# the check with a fake clock and fake verdicts.
+os.environ["DYNATREE_PROFILE_CHECK"] = "off"
+
 # A greedy batch times its verify cost per tree share on the machine at first use: the suite reads
 # the tuning table instead, so that no batch test's trees depend on the clock; tests/loop/test_batch.py
 # drives the measured path with fake timings.

@@ -342,3 +342,52 @@ def test_a_disordered_measurement_is_measured_again(pair) -> None:
         finally:
             costmodel.EXTRA_ROUNDS = old
         assert p.ms == (3000.0, 1000.0, 1000.0)
+
+
+def test_holds_compares_a_cached_profile_with_the_machine_now(pair) -> None:
+    """The check times the profile's smallest and largest size as the measurement does (a fake
+    clock: 1 s a call); a profile that says more than STALE times that no longer holds."""
+    from dynatree.runtime.cache import CachedModel
+
+    kv = CachedModel(pair[0], VOCAB)
+
+    def holds(ms: tuple[float, ...]) -> bool:
+        ticks = iter(range(10_000))
+        return costmodel.holds(kv, CostProfile((1, 2, 4), ms), False, clock=lambda: float(next(ticks)))
+
+    with torch.inference_mode():
+        assert holds((1000.0, 1000.0, 1000.0)) and holds((1240.0, 3000.0, 1240.0))  # (2 rows is not checked)
+        assert not holds((1300.0, 1000.0, 1000.0)) and not holds((1000.0, 1000.0, 1300.0))
+    assert kv.length == 0
+
+
+def test_a_cached_profile_that_no_longer_holds_is_measured_again_once_per_process(pair, tmp_path, monkeypatch) -> None:
+    """Read from disk, a profile is checked once per process; where the check says it no longer
+    holds, it is measured again and saved; the check is not asked twice, nor of a fresh one, nor
+    with the check switched off."""
+    monkeypatch.setenv(costmodel.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(costmodel.ENV_SWITCH, "on")
+    monkeypatch.setenv(costmodel.CHECK_ENV_SWITCH, "on")
+    monkeypatch.setattr(costmodel, "_CHECKED", set())
+    measured, checked, verdict = [], [], {"holds": True}
+    monkeypatch.setattr(costmodel, "measure", lambda kv, sizes, lazy_head, **kw: measured.append(1) or steep(32))
+    monkeypatch.setattr(costmodel, "holds", lambda kv, p, lazy_head, **kw: checked.append(p) or verdict["holds"])
+
+    def run() -> None:
+        dynatree.generate(pair[0], pair[1], _ids(), make_policy("dynatree", tau=0.0), max_new_tokens=4,
+                          stopping=NO_EOS, text=False)
+
+    run()
+    assert (len(measured), len(checked)) == (1, 0)  # (measured now: nothing to check)
+    run()
+    run()
+    assert (len(measured), len(checked)) == (1, 1) and checked[0] == steep(32)  # (read; checked once)
+    monkeypatch.setattr(costmodel, "_CHECKED", set())  # (a new process)
+    verdict["holds"] = False
+    run()
+    run()
+    assert (len(measured), len(checked)) == (2, 2)  # (measured again once, then read)
+    monkeypatch.setattr(costmodel, "_CHECKED", set())
+    monkeypatch.setenv(costmodel.CHECK_ENV_SWITCH, "off")
+    run()
+    assert (len(measured), len(checked)) == (2, 2)
