@@ -499,7 +499,7 @@ class AOTCachedModel(BucketedModel):
         Why exact: a package reads every column of the cache, masked or not, and a prompt's chunks
         are the calls with the most rows: grown by an eighth, a 768-token prompt's chunks read 25%
         more columns than they filled, and attention is about a third of its prefill (2-core Intel
-        Xeon, SmolLM2-135M: 0.46 ms per column read by a 768-row prefill). Why even: 769 tokens in
+        Xeon, SmolLM2-135M: 0.46 ms per column read by a 768-row prefill, a scratch timing). Why even: 769 tokens in
         chunks of 256 leave a one-token chunk that reads all the weights for one row. Measured on
         12 Spec-Bench prompts (39-768 tokens), same argmax: 0.97x the prefill time of the replaced
         policy in all, 0.88x at 768 tokens, 0.96-1.04x at 659-766, level below 100
