@@ -95,3 +95,24 @@ def test_stop_text_finds_strings_across_the_tail_boundary() -> None:
     assert stop.cut([ord(c) for c in "a" * 500], [ord(c) for c in "aax"]) == 3
     assert stop.cut([ord(c) for c in "a" * 500], [ord(c) for c in "abc"]) == 0
     assert stop.tail >= 4 * len("STOP")
+
+
+def test_plain_decoding_takes_its_first_token_from_the_prefill(monkeypatch) -> None:
+    """Without a draft, the prefill caches the whole prompt and its last row's logits give the
+    first token: n tokens cost the prefill and n - 1 steps (not n, as when the last prompt token
+    waited for the first round), and the tokens are HF greedy's."""
+    import dynatree
+    from dynatree.options import StoppingConfig
+    from dynatree.runtime.cache import CachedModel
+    from tiny import VOCAB, hf_greedy, tiny_model
+
+    target = tiny_model("llama", 0)
+    calls: list[int] = []
+    call = CachedModel.call
+    monkeypatch.setattr(CachedModel, "call", lambda kv, tokens, *a, **k: calls.append(len(tokens)) or call(kv, tokens, *a, **k))
+    ids = torch.randint(2, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    for n in (1, 12):
+        calls.clear()
+        out = dynatree.generate(target, None, ids, "autoregressive", max_new_tokens=n,
+                                stopping=StoppingConfig(eos_token_id=()))
+        assert calls == [9] + [1] * (n - 1) and torch.equal(out.sequences, hf_greedy(target, ids, n))

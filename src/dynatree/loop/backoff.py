@@ -33,8 +33,9 @@ would otherwise read as a steady small loss and pause a text draft that wins whe
 pay costs the warm-up round, then at most about ``max_loss`` plus one round per verdict, and the
 verdicts thin out geometrically: on simulated drafts that never agree (speculative rounds of 1.1
 to 2 plain steps) a 192-token run ends within 1-3.7% of plain decoding's time, and drafts that win
-lose at most 2.2% of speculation's time to probes and verdicts (``benchmarks/backoff/``;
-``tests/loop/test_backoff.py`` runs the loop itself on a modeled clock).
+lose at most 2.2% of speculation's time to probes and verdicts (``benchmarks/backoff/``, measured
+before plain decoding took its first token from the prefill: about half a percent more of a
+192-token run now; ``tests/loop/test_backoff.py`` runs the loop itself on a modeled clock).
 
 Skipping the draft leaves the output exactly what it was: a round without drafted nodes is one
 plain target step, and every draft source takes a skipped round (its commit sees no tree). The

@@ -316,12 +316,19 @@ def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: 
 
     # 0. Prefill: cache every prompt token but the last, which becomes the first round's root.
     #    A proposer that wants features also gets the target's features of those tokens (its final
-    #    hidden states, or the outputs of the layers it names).
+    #    hidden states, or the outputs of the layers it names). Without a proposer every round is a
+    #    plain step, so the last token is cached too and its logits are the first round's: the
+    #    first token then costs the prefill alone, as in HF generate and OpenVINO GenAI, not the
+    #    prefill plus a one-row step (a whole read of the weights: ~25 ms a request for the
+    #    embedded target on a 2-core Intel Xeon). A drafting run keeps the root apart: its first
+    #    round verifies the root's row with a tree, at about the cost of the root alone.
     features = proposer is not None and proposer.wants_features
     layers = proposer.feature_layers if features else ()
-    hidden = target.prefill(prompt[:-1], hidden=features, layers=layers)
-    if proposer is not None:
-        proposer.prefill(prompt, hidden)
+    first: torch.Tensor | None = None  # (the first round's logits, computed by the prefill)
+    if proposer is None:
+        first = target.prefill(prompt, logits=True).view(1, -1)
+    else:
+        proposer.prefill(prompt, target.prefill(prompt[:-1], hidden=features, layers=layers))
     stats.t_prefill = clock() - start
 
     out: list[int] = []
@@ -339,10 +346,14 @@ def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: 
             proposer.propose(builder)
         tree = builder.freeze()
         t1 = clock()
-        # 2. Verify: ONE target forward over the root and every drafted node.
+        # 2. Verify: ONE target forward over the root and every drafted node (the first plain
+        #    round's root was run by the prefill).
         prefix = target.length
-        logits, rows = tree_forward(target, tree, run.tree_order, run.lazy_head, keep_hidden=features,
-                                   feature_layers=layers)
+        if first is not None:
+            logits, rows, first = first, None, None
+        else:
+            logits, rows = tree_forward(target, tree, run.tree_order, run.lazy_head, keep_hidden=features,
+                                        feature_layers=layers)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),
         #    plus one more token from the target (its argmax, or a draw from the residual R, which
@@ -357,7 +368,8 @@ def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: 
         # 4. Commit: keep the root's and the accepted nodes' KV rows in the target's cache; the
         #    proposer brings its own state in line and learns from the round (a feature proposer
         #    gets the target's features of the root and the path).
-        target.compact(prefix, rows[[0, *path]])
+        if rows is not None:
+            target.compact(prefix, rows[[0, *path]])
         if proposer is not None:
             proposer.observe(Outcome(tree, path, bonus, logits.features[[0, *path]] if features else None,
                                      drafted=drafting, overhead_ms=1e3 * (t1 - t0 + clock() - t2)))
