@@ -69,9 +69,14 @@ def check_long_run(n: int, strategy: str, monkeypatch: pytest.MonkeyPatch) -> No
     assert torch.equal(out.sequences, ref)
 
     # After round r the target caches exactly prompt + committed - 1 tokens (the root is pending),
-    # and during verify it never held more than that plus the round's tree.
-    committed = 0
-    for (peak, after), r in zip(lengths, out.stats.rounds):
+    # and during verify it never held more than that plus the round's tree. (Plain decoding's
+    # first round has no verify of its own: the prefill ran its root, the last prompt token.)
+    committed, rounds = 0, out.stats.rounds
+    if strategy == "autoregressive":
+        assert len(lengths) == len(rounds) - 1
+        committed, rounds = rounds[0].committed, rounds[1:]
+    assert len(lengths) == len(rounds)
+    for (peak, after), r in zip(lengths, rounds):
         before = ids.shape[1] - 1 + committed
         committed += r.committed
         assert peak == before + r.drafted + 1
