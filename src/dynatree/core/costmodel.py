@@ -539,8 +539,9 @@ def cached(key: dict[str, Any], fresh: Callable[[], CostProfile], refresh: bool 
     for next time. ``check``: asked once per process of a profile read from disk; where it says
     no, the profile is measured again (:func:`holds`)."""
     profile = None if refresh else load(key)
-    if profile is not None and check is not None and _path(key) not in _CHECKED:
-        _CHECKED.add(_path(key))
+    path = _path(key)
+    if profile is not None and check is not None and path not in _CHECKED:
+        _CHECKED.add(path)
         if not check(profile):
             profile = None
     if profile is None:

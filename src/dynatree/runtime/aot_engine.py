@@ -510,7 +510,7 @@ class AOTCachedModel(BucketedModel):
         parts = []
         for i in range(0, n, size):
             chunk = list(tokens[i : i + size])
-            width = next((b for b in self.buckets if b >= len(chunk)), len(chunk))
+            width = self.bucket_for(len(chunk)) or len(chunk)
             if self._length + width > self.capacity:
                 self._allocate(self._length + width)
             parts.append(super(AOTCachedModel, self).prefill(chunk, hidden, layers, logits and i + size >= n))
@@ -533,7 +533,7 @@ class AOTCachedModel(BucketedModel):
         every bucket; the real rows of its output."""
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         q, length = tokens.numel(), self._length
-        bucket = next((b for b in self.buckets if b >= q), None)
+        bucket = self.bucket_for(q)
         dynamic = self._dynamic_from is not None and (bucket or q) >= self._dynamic_from
         if bucket is None and not (visible.shape[1] == q and torch.equal(visible, torch.ones(q, q, dtype=torch.bool).tril())):
             raise DynaTreeError(f"a call of {q} tree rows exceeds the aot engine's largest bucket ({self.buckets[-1]})")

@@ -306,6 +306,11 @@ class BucketedModel(CachedModel):
     applied here, to those rows only), else logits. The static and the aot engines are two."""
 
     _hidden: bool
+    buckets: tuple[int, ...]
+
+    def bucket_for(self, rows: int) -> int | None:
+        """The smallest bucket that holds a call of ``rows`` rows (None: larger than every bucket)."""
+        return next((b for b in self.buckets if b >= rows), None)
 
     def _run(self, tokens: Sequence[int] | torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int,
              last_only: bool) -> torch.Tensor:
@@ -438,7 +443,7 @@ class StaticCachedModel(BucketedModel):
         q, length = tokens.numel(), self._length
         if length + q > self.capacity - self.buckets[-1]:  # (an unpadded prefill chunk needs no more)
             raise DynaTreeError(f"static cache capacity {self.capacity - self.buckets[-1]} exceeded ({length + q} rows)")
-        bucket = next((b for b in self.buckets if b >= q), None)
+        bucket = self.bucket_for(q)
         step = self._step
         if bucket is None and (last_only or self._prefilling) and q <= self.PREFILL_CHUNK:  # a prefill chunk: eager, unpadded
             bucket, step = q, self._raw_step
