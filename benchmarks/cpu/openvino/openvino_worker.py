@@ -4,6 +4,14 @@ greedily to exactly N new tokens with ``LLMPipeline`` in fp32 (f32 inference pre
 its CPU defaults would use bf16 where the CPU has it, and a u8 KV cache), prompt lookup with 5 draft
 tokens and 3-gram matches, and answers one line: the tokens and the seconds ``generate`` took.
 
+Each request is decoded from scratch, as ours are. On a CPU, ``LLMPipeline`` runs on its
+continuous-batching backend with a scheduler that keeps earlier requests' KV blocks and reuses them
+for a prompt that starts the same way (``enable_prefix_caching``, on in its latency-oriented
+default): a second turn asked right after its first turn, or a prompt timed again right after a
+one-token run of it, would skip most of its prefill. So the worker passes that default scheduler
+with prefix caching off (unlimited tokens per batch, as the default: one prefill, not 256-token
+chunks); ``--prefix-caching`` keeps it on, as a chat application would.
+
     python openvino_worker.py --ir /tmp/ov/ir --threads 2   # (started by compare.py)
 """
 
@@ -23,11 +31,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ir", required=True)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefix-caching", action="store_true", help="reuse earlier requests' KV (OpenVINO's default)")
     args = ap.parse_args()
     props = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "INFERENCE_NUM_THREADS": args.threads}
-    pipes = {"plain": ov_genai.LLMPipeline(args.ir, "CPU", **props),
-             "prompt-lookup": ov_genai.LLMPipeline(args.ir, "CPU", prompt_lookup=True, **props)}
-    print(json.dumps({"ready": True, "openvino": ov.get_version(), "settings": props}), flush=True)
+    scheduler = ov_genai.SchedulerConfig()  # (its own defaults differ from the pipeline's: set both fields)
+    scheduler.max_num_batched_tokens = sys.maxsize  # (the pipeline's default: a prompt's prefill in one call)
+    scheduler.enable_prefix_caching = args.prefix_caching
+    pipes = {"plain": ov_genai.LLMPipeline(args.ir, "CPU", scheduler_config=scheduler, **props),
+             "prompt-lookup": ov_genai.LLMPipeline(args.ir, "CPU", prompt_lookup=True, scheduler_config=scheduler,
+                                                   **props)}
+    settings = {**props, "enable_prefix_caching": args.prefix_caching, "max_num_batched_tokens": "unlimited"}
+    print(json.dumps({"ready": True, "openvino": ov.get_version(), "settings": settings}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         cfg = ov_genai.GenerationConfig()
