@@ -114,3 +114,28 @@ def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, eo
     attention mask matters: without it HF masks every prompt token equal to the pad id (0)."""
     return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
                           eos_token_id=eos, pad_token_id=0, min_new_tokens=0)
+
+
+def lazy_head_kernels(monkeypatch, head: torch.Tensor) -> list[tuple[bool, str]]:
+    """Spy: each few-row kernel call as (a call of the lazy head on ``head``, its kernel)."""
+    from dynatree.runtime.cache import CachedModel
+    from dynatree.runtime.kernels import cpu_linear
+
+    seen: list[tuple[bool, str]] = []
+    inside = [False]
+    real, real_head = cpu_linear.small_batch_linear, CachedModel.apply_head
+
+    def spy(x, w, b=None, kernel="rowmajor"):
+        seen.append((inside[0] and w is head, kernel))
+        return real(x, w, b, kernel)
+
+    def lazy_head(self, hidden):
+        inside[0] = True
+        try:
+            return real_head(self, hidden)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(cpu_linear, "small_batch_linear", spy)
+    monkeypatch.setattr(CachedModel, "apply_head", lazy_head)
+    return seen

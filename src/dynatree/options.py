@@ -225,25 +225,31 @@ class LinearPlan:
     """Kernels by row count: ``bands`` is ascending ``(max_rows, kernel)``; a call of ``rows`` rows
     takes the kernel of the first band with ``rows <= max_rows``; past the last band, ``F.linear``.
 
+    ``head``: the bands of the LM head's own calls on final hidden states (the lazy head's, which
+    acceptance makes apart from the step), None: the same as ``bands``. Why apart: one large
+    weight of another shape than the layers' picks its own kernel. On the 2-core Intel Xeon
+    (Emerald Rapids) the embedded target's layers ran 13-16 rows fastest on ``F.linear``, and its
+    49,152 x 576 head took 28.3 ms on ``F.linear`` at 14 rows against 8.1 packed (10.5 against 5.8
+    at 4 rows; 5.2 against 5.0 at one row).
+
     ``why`` says where the plan came from (shown by the bench and the CLI); it does not take part
     in comparisons, so two equal plans share one static-engine cache whatever their origin.
     """
 
     bands: tuple[tuple[int, str], ...] = ()
     why: str = ""
+    head: tuple[tuple[int, str], ...] | None = None
 
     def __post_init__(self) -> None:
-        bands = tuple((int(r), str(k)) for r, k in self.bands)
-        if any(k not in KERNELS for _, k in bands) or any(r < 1 for r, _ in bands) \
-                or any(a[0] >= b[0] for a, b in zip(bands, bands[1:])):
-            raise ValueError(f"bands must be ascending (max_rows >= 1, kernel in {KERNELS}), got {self.bands!r}")
-        object.__setattr__(self, "bands", _merged(bands))
+        object.__setattr__(self, "bands", _checked(self.bands))
+        if self.head is not None:
+            object.__setattr__(self, "head", _checked(self.head))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LinearPlan) and self.bands == other.bands
+        return isinstance(other, LinearPlan) and self.bands == other.bands and self.head == other.head
 
     def __hash__(self) -> int:
-        return hash(self.bands)
+        return hash((self.bands, self.head))
 
     def kernel(self, rows: int) -> str:
         """The kernel a call of ``rows`` rows takes."""
@@ -252,10 +258,14 @@ class LinearPlan:
                 return kernel
         return "linear"
 
+    def head_plan(self) -> LinearPlan:
+        """The plan the LM head's own calls take (:attr:`head`, or the layers' bands)."""
+        return LinearPlan(self.bands if self.head is None else self.head, self.why)
+
     @property
     def active(self) -> bool:
         """Whether any row count leaves ``F.linear`` (else the plan changes nothing)."""
-        return any(k != "linear" for _, k in self.bands)
+        return any(k != "linear" for _, k in self.bands + (self.head or ()))
 
     @property
     def max_rows(self) -> int:
@@ -265,30 +275,57 @@ class LinearPlan:
     @property
     def packs(self) -> bool:
         """Whether any row count takes packed weights (which then need their packed copies)."""
-        return any(k == "packed" for _, k in self.bands)
+        return any(k == "packed" for _, k in self.bands + (self.head or ()))
 
     def without_packing(self) -> LinearPlan:
         """The plan for a model whose weights may not be packed: oneDNN on the weights in place
         where it said packed (the nearest kernel without a copy; row-major where oneDNN does not
         take the model's dtype)."""
-        return LinearPlan(tuple((r, "onednn" if k == "packed" else k) for r, k in self.bands), self.why)
+        def unpacked(bands: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+            return tuple((r, "onednn" if k == "packed" else k) for r, k in bands)
+
+        return LinearPlan(unpacked(self.bands), self.why, None if self.head is None else unpacked(self.head))
 
     def describe(self) -> str:
-        """One line: ``1-3 rows F.linear, 4-64 packed`` (and where it came from)."""
-        parts, low = [], 1
-        for top, kernel in self.bands:
-            parts.append(f"{low}-{top} rows {'F.linear' if kernel == 'linear' else kernel}" if top > low
-                         else f"{low} row{'s' if low > 1 else ''} {'F.linear' if kernel == 'linear' else kernel}")
-            low = top + 1
-        text = ", ".join(parts) + (f", then F.linear" if parts else "F.linear at every row count")
+        """One line: ``1-3 rows F.linear, 4-64 packed`` (the LM head's own after a semicolon where
+        it differs; and where it came from)."""
+        text = _described(self.bands)
+        if self.head is not None and self.head != self.bands:
+            text += f"; LM head: {_described(self.head)}"
         return f"{text} ({self.why})" if self.why else text
 
     def to_json(self) -> dict[str, Any]:
-        return {"bands": [list(b) for b in self.bands], "why": self.why}
+        head = {} if self.head is None else {"head": [list(b) for b in self.head]}
+        return {"bands": [list(b) for b in self.bands], **head, "why": self.why}
+
+    def kernels(self) -> dict[str, Any]:
+        """What the plan computes with: :meth:`to_json` without ``why`` (part of the cost profiles'
+        key: a profile timed under other kernels, the head's included, is not this plan's)."""
+        return {k: v for k, v in self.to_json().items() if k != "why"}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LinearPlan:
-        return cls(tuple((int(r), str(k)) for r, k in data["bands"]), str(data.get("why", "")))
+        head = data.get("head")
+        return cls(tuple((int(r), str(k)) for r, k in data["bands"]), str(data.get("why", "")),
+                   None if head is None else tuple((int(r), str(k)) for r, k in head))
+
+
+def _checked(bands: Any) -> tuple[tuple[int, str], ...]:
+    """``bands`` as ascending ``(max_rows, kernel)`` pairs, merged; a ValueError if they are not."""
+    out = tuple((int(r), str(k)) for r, k in bands)
+    if any(k not in KERNELS for _, k in out) or any(r < 1 for r, _ in out) \
+            or any(a[0] >= b[0] for a, b in zip(out, out[1:])):
+        raise ValueError(f"bands must be ascending (max_rows >= 1, kernel in {KERNELS}), got {bands!r}")
+    return _merged(out)
+
+
+def _described(bands: tuple[tuple[int, str], ...]) -> str:
+    parts, low = [], 1
+    for top, kernel in bands:
+        parts.append(f"{low}-{top} rows {'F.linear' if kernel == 'linear' else kernel}" if top > low
+                     else f"{low} row{'s' if low > 1 else ''} {'F.linear' if kernel == 'linear' else kernel}")
+        low = top + 1
+    return ", ".join(parts) + (", then F.linear" if parts else "F.linear at every row count")
 
 
 def _merged(bands: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:

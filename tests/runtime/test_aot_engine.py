@@ -26,7 +26,7 @@ from dynatree.errors import DynaTreeError
 from dynatree.options import LinearPlan
 from dynatree.runtime import aot_engine, aot_store, engines
 from dynatree.runtime.aot_engine import AOTCachedModel
-from tiny import SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model, window_model
+from tiny import SMALL_TREES, VOCAB, hf_greedy, lazy_head_kernels, perturbed, tiny_model, window_model
 
 BUCKETS = (1, 4, 32)  # (trees of SMALL_TREES take up to 25 rows)
 NO_EOS = StoppingConfig(eos_token_id=())
@@ -71,6 +71,20 @@ def test_every_strategy_equals_hf_greedy(llama, strategy: str) -> None:
             ids = prompt(length, seed)
             out = run(llama, strategy, draft, ids, n)
             assert torch.equal(out.sequences, hf_greedy(llama["target"], ids, n)), (strategy, draft, length)
+
+
+def test_the_lm_head_takes_its_own_bands(llama, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lazy head runs outside the packages with the plan's bands for the head (here oneDNN on
+    the weights in place, where the layers' bands say row-major): still HF greedy's output. Fails
+    where the head's calls take the layers' bands."""
+    seen = lazy_head_kernels(monkeypatch, llama["target"].get_output_embeddings().weight)
+    plan = LinearPlan(_plan(llama["target"]).bands, "test", head=((64, "onednn"),))  # (the suite's packages)
+    ids = prompt(13, 2)
+    out = dynatree.generate(llama["target"], llama["perturbed"], ids, "dynatree", max_new_tokens=33,
+                            stopping=NO_EOS, text=False, **SMALL_TREES.get("dynatree", {}),
+                            options=EngineOptions(engine="aot", buckets=BUCKETS, linear_plan=plan, lazy_head=True))
+    assert torch.equal(out.sequences, hf_greedy(llama["target"], ids, 33))
+    assert {k for is_head, k in seen if is_head} == {"onednn"}
 
 
 def test_text_and_hybrid_drafts_equal_hf_greedy(llama) -> None:

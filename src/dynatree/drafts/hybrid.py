@@ -181,7 +181,7 @@ def gate_costs(draft: TextDraft, part: Proposer, context: RunContext) -> tuple[C
         return None
     o = context.options
     cost = profile_for(kv, draft.model, part.draft_engine(o), o.compile, False, o.buckets,
-                       o.linear_plan.bands if o.linear_plan else False, log=notice, role="draft")
+                       o.linear_plan.kernels() if o.linear_plan else False, log=notice, role="draft")
     return None if cost is None else (target, cost)
 
 

@@ -302,7 +302,7 @@ def _cost_profile(target_kv: KVModel, target: torch.nn.Module, options: EngineOp
         from dynatree.core.costmodel import profile_for
 
         return profile_for(target_kv, target, options.engine, options.compile, lazy_head, options.buckets,
-                           options.linear_plan.bands if options.linear_plan else False, log=notice)
+                           options.linear_plan.kernels() if options.linear_plan else False, log=notice)
 
     return profile
 

@@ -30,7 +30,7 @@ from transformers import DynamicCache
 from dynatree.core.tree import TokenTree, ancestor_matrix
 from dynatree.errors import DynaTreeError
 from dynatree.options import LinearPlan
-from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan, new_cache, plain_head
+from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan, head_layout, new_cache, plain_head
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
 from dynatree.runtime.window import attention_layout
 from dynatree.tuning import BATCH_PREFILL_ROW_LENGTH, BATCH_PREFILL_ROW_PADDING
@@ -97,8 +97,8 @@ class BatchedKV:
 
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states ``[rows, H]`` (what lazy logits call), with the
-        few-row kernels of that many rows."""
-        with few_row_layout(self.linear_plan, hidden.numel() // hidden.shape[-1]):
+        plan's kernels of that many rows for the head alone."""
+        with head_layout(self.linear_plan, hidden.numel() // hidden.shape[-1]):
             return self.head(hidden)
 
     # ------------------------------------------------------------------------------ calls

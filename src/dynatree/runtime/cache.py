@@ -127,6 +127,12 @@ def few_row_layout(plan: LinearPlan | None, rows: int | None = None) -> contextl
     return SmallBatchLinear(plan=plan)
 
 
+def head_layout(plan: LinearPlan | None, rows: int) -> contextlib.AbstractContextManager:
+    """The kernels of a call of the LM head alone on ``rows`` final hidden states (the lazy
+    head's): the plan's own bands for the head (:meth:`LinearPlan.head_plan`)."""
+    return few_row_layout(None if plan is None else plan.head_plan(), rows)
+
+
 def padded_step_inputs(tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, since: int, length: int,
                        bucket: int, columns: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A fixed-shape step's inputs for ``q = len(tokens)`` real rows padded to ``bucket``: token ids
@@ -178,8 +184,9 @@ class CachedModel:
         return few_row_layout(self.linear_plan, rows)
 
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head on final hidden states (what :class:`~dynatree.core.verify.LazyLogits` calls)."""
-        with self._layout(hidden.numel() // hidden.shape[-1]):
+        """The LM head on final hidden states (what :class:`~dynatree.core.verify.LazyLogits` calls),
+        with the plan's kernels for the head alone."""
+        with head_layout(self.linear_plan, hidden.numel() // hidden.shape[-1]):
             return self.head(hidden)
 
     @property

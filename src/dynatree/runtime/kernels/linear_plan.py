@@ -101,6 +101,13 @@ def linear_weights(model: torch.nn.Module, max_bytes: int | None = None) -> list
     return out
 
 
+def head_weight(model: torch.nn.Module) -> torch.Tensor | None:
+    """The LM head's weight where the head is a plain ``nn.Linear`` (what the lazy head calls on
+    final hidden states apart from the step), else None."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head.weight if isinstance(head, torch.nn.Linear) and head.weight.dim() == 2 else None
+
+
 def measure(weights: Sequence[torch.Tensor], kernels: Iterable[str], rows: Iterable[int] = PROBE_ROWS,
             reps: int = 3, clock: Callable[[], float] = time.perf_counter) -> dict[int, dict[str, float]]:
     """Seconds per pass over ``weights`` (a model's linear weights in forward order,
@@ -214,21 +221,36 @@ def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None, r
     if not shapes:
         return LinearPlan((), "no linear layers")
     key = plan_key(shapes, dtype, packing)
-    plan = None if refresh else load(key)
-    if plan is None:
+    cached = None if refresh else load(key)
+    head = head_weight(model)
+    # (a plan cached before plans had the head's own bands gets them measured, its layers' bands
+    #  kept: measured again, they could flip near a crossing, and with them the aot engine's packages)
+    if cached is None or (cached.head is None and head is not None):
         if log is not None:
             log("dynatree: timing the few-row linear kernels on this CPU (once per model shape and machine)...")
         kernels = ("linear", "rowmajor") + (("onednn",) if dtype in onednn_dtypes() else ()) \
             + (("packed",) if packing else ())
-        weights = linear_weights(model, MEASURE_BYTES)
-        plan = choose(measure(weights, kernels), why=f"measured on {key['cpu'] or 'this CPU'}, "
-                      f"{key['threads']} threads")
+        why = f"measured on {key['cpu'] or 'this CPU'}, {key['threads']} threads"
+        weights = linear_weights(model, MEASURE_BYTES) if cached is None else []
+        body = choose(measure(weights, kernels), why=why) if cached is None else cached
+        # The LM head alone too: the lazy head calls it apart from the step, on as many rows as
+        # acceptance reads (one, to a tree's whole likely chain), and its one large weight of its
+        # own shape picks its own kernel.
+        head_bands = choose(measure([head], kernels), why=why).bands if head is not None else None
+        plan = LinearPlan(body.bands, body.why, head_bands)
+        # (the measurement's packed copies that no call of this plan reads: all of them, or all
+        #  but the head's where only the head's calls take packed weights)
+        measured = weights + ([head] if head is not None and all(w is not head for w in weights) else [])
         if not plan.packs:
-            drop_packed(weights)  # (the measurement's copies: no call of this plan reads them)
+            drop_packed(measured)
+        elif not LinearPlan(body.bands).packs:
+            drop_packed(w for w in measured if w is not head)
         try:
             save(key, plan)
         except OSError:
             pass  # a read-only cache dir only costs a measurement next time
+    else:
+        plan = cached
     _DECIDED[model] = (quick, plan)
     return plan
 
