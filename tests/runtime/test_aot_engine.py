@@ -192,12 +192,37 @@ def test_a_frozen_package_serves_only_the_weights_it_holds(llama, monkeypatch) -
     out = run({"target": other, "self": other}, "fixed", "self", ids, 30, buckets=buckets)
     assert torch.equal(out.sequences, hf_greedy(other, ids, 30))
     monkeypatch.setattr(aot_engine, "weights_digest", lambda model: "the same for every model")
-    aot_engine._LOADED.clear()
+    aot_engine.forget()
     run({"target": other, "self": other}, "fixed", "self", ids, 4, buckets=buckets)  # (built under the shared key)
     third = tiny_model("llama", 12)
     out = run({"target": third, "self": third}, "fixed", "self", ids, 30, buckets=buckets)
     assert not torch.equal(out.sequences, hf_greedy(third, ids, 30))
-    aot_engine._LOADED.clear()
+    aot_engine.forget()
+
+
+def test_a_second_engine_on_the_same_weights_reuses_the_bound_packages(llama, monkeypatch) -> None:
+    """Each generate opens an engine: on the same model and weights it takes the packages the
+    last one bound, without keys or binding; a weight changed in place, or replaced, makes it key
+    and bind them again (and stay HF greedy's). Fails where the stamp misses either change."""
+    target = perturbed(llama["target"], noise=0.0, seed=5)  # (a copy: the module's own stays as it is)
+    _engine({"target": target})
+    keyed: list[int] = []
+    real_key = aot_engine.package_key
+    monkeypatch.setattr(aot_engine, "package_key", lambda *a, **k: keyed.append(1) or real_key(*a, **k))
+    first = _engine({"target": target})
+    assert keyed == []
+    weight = target.get_output_embeddings().weight
+    with torch.no_grad():
+        weight.mul_(1.0)  # (same values, a new version: it is keyed again)
+    second = _engine({"target": target})
+    assert keyed and first._packages.keys() == second._packages.keys()
+    keyed.clear()
+    target.get_output_embeddings().weight = torch.nn.Parameter(weight.detach().clone())  # (replaced)
+    _engine({"target": target})
+    assert keyed
+    ids = prompt(9, 3)
+    out = run({"target": target, "self": target}, "fixed", "self", ids, 12)
+    assert torch.equal(out.sequences, hf_greedy(target, ids, 12))
 
 
 def test_a_weight_changed_in_place_gets_its_own_package(monkeypatch) -> None:
