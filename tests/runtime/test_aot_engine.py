@@ -225,6 +225,20 @@ def test_a_second_engine_on_the_same_weights_reuses_the_bound_packages(llama, mo
     assert torch.equal(out.sequences, hf_greedy(target, ids, 12))
 
 
+def test_the_weights_stamp_sees_a_shared_embedding_the_model_does_not_own() -> None:
+    """A distilled draft reads its target's input embedding: the stamp that lets a second engine
+    reuse the bound packages must change with it too. Fails on a stamp over the model's own
+    parameters only."""
+    model, owner = tiny_model("llama", 14), tiny_model("llama", 15)
+    shared = owner.get_input_embeddings()
+    model.get_input_embeddings = lambda: shared  # (an embedding the model reads but does not own)
+    before = aot_engine._stamp(model)
+    assert aot_engine._stamp(model) == before
+    with torch.no_grad():
+        shared.weight.add_(0.0)
+    assert aot_engine._stamp(model) != before
+
+
 def test_a_weight_changed_in_place_gets_its_own_package(monkeypatch) -> None:
     model = tiny_model("llama", 13)
     before = aot_engine.weights_digest(model)

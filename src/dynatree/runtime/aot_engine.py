@@ -182,6 +182,14 @@ def package_layout(model: torch.nn.Module, buckets: Sequence[int],
     return tuple(b for b in buckets if b < low), low
 
 
+def _stamp(model: torch.nn.Module) -> tuple:
+    """What a package's binding and a frozen package's key read of ``model``: the storage, version
+    (an in-place change) and shape of each tensor a step holds (an input embedding shared with
+    another model included, as a distilled draft reads its target's)."""
+    return tuple((t.data_ptr(), -1 if t.is_inference() else t._version, tuple(t.shape))
+                 for t in _constants(model, False).values())
+
+
 #: The weights' digest per model, with the (storage, version) of every tensor it was taken from.
 _DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
 
@@ -193,13 +201,12 @@ def weights_digest(model: torch.nn.Module) -> str:
     and version counters are compared: about a millisecond); about 0.4 s for the 135M target."""
     import hashlib
 
-    tensors = list(_constants(model, False).values())
-    stamp = tuple((t.data_ptr(), t._version if not t.is_inference() else -1, tuple(t.shape)) for t in tensors)
+    stamp = _stamp(model)
     hit = _DIGESTS.get(model)
     if hit is not None and hit[0] == stamp:
         return hit[1]
     h = hashlib.sha256()
-    for t in tensors:
+    for t in _constants(model, False).values():
         h.update(str((tuple(t.shape), t.dtype)).encode())
         h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     _DIGESTS[model] = (stamp, h.hexdigest())
@@ -339,13 +346,6 @@ def forget() -> None:
     """Drop every loaded package of this process (they load again from the store on next use)."""
     _LOADED.clear()
     _READY.clear()
-
-
-def _stamp(model: torch.nn.Module) -> tuple:
-    """What a package's binding and a frozen package's key read of ``model``: each parameter's and
-    buffer's storage, version (an in-place change) and shape."""
-    return tuple((t.data_ptr(), -1 if t.is_inference() else t._version, tuple(t.shape))
-                 for t in (*model.parameters(), *model.buffers()))
 
 
 def packages(model: torch.nn.Module, buckets: Sequence[int], hidden: bool, plan: LinearPlan | None,

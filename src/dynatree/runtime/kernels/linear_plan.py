@@ -243,7 +243,7 @@ def plan_for(model: torch.nn.Module, log: Callable[[str], None] | None = None, r
         measured = weights + ([head] if head is not None and all(w is not head for w in weights) else [])
         if not plan.packs:
             drop_packed(measured)
-        elif not LinearPlan(body.bands).packs:
+        elif not body.packs:  # (its head is None: its packs are the layers')
             drop_packed(w for w in measured if w is not head)
         try:
             save(key, plan)
