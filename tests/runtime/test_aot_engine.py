@@ -154,6 +154,35 @@ def test_a_bucket_is_frozen_where_the_plan_packs_at_fewer_rows_too(llama) -> Non
     assert aot_engine.package_layout(llama["target"], (1, 2, 4, 8, 16), plan) == ((1, 2), 3)
 
 
+def test_the_frozen_package_serves_three_rows_and_more_wherever_the_plan_packs(llama) -> None:
+    """The frozen package beats a traced bucket at 3-4 rows even where the plan, timing each
+    product alone, takes ``F.linear`` there (its products are fused with their neighbours): a plan
+    that packs from 5 rows still freezes from 3, not from 5; one that packs nowhere up to the
+    largest bucket freezes nothing, and a dynamic package that starts lower keeps its start."""
+    late = LinearPlan(((4, "linear"), (64, "packed")))
+    assert aot_engine.package_layout(llama["target"], (1, 2, 4, 8, 16), late) == ((1, 2), 3)
+    assert aot_engine.package_layout(llama["target"], (1, 2, 4), late) == ((1, 2, 4), None)
+    assert aot_engine.package_layout(llama["target"], (1, 2), LinearPlan(((1, "linear"), (64, "packed")))) == ((1,), 2)
+
+
+def test_the_frozen_package_multiplies_the_products_of_one_input_at_once(llama) -> None:
+    """A layer's q, k and v read one input, and so do its gate and up: the frozen package runs
+    each group as one oneDNN product (``FROZEN_INDUCTOR``), so a layer makes 2 plain calls (and 2
+    with the residual's add), not 5. Read off the package's generated code."""
+    import re
+    import zipfile
+
+    run(llama, "autoregressive", "self", prompt(3, 1), 4)  # (built here if not yet)
+    plan = _plan(llama["target"])
+    low = aot_engine.package_layout(llama["target"], BUCKETS, plan)[1]
+    path = aot_store.path_for(aot_engine.package_key(llama["target"], low, True, plan, frozen=True))
+    with zipfile.ZipFile(path) as archive:
+        code = "".join(archive.read(n).decode() for n in archive.namelist() if n.endswith("wrapper.cpp"))
+    layers = llama["target"].config.num_hidden_layers
+    assert len(re.findall(r"_linear_pointwise\(", code)) == 2 * layers
+    assert len(re.findall(r"_linear_pointwise_binary\(", code)) == 2 * layers
+
+
 def test_the_cost_profile_is_timed_at_the_buckets_and_keyed_by_the_build(llama, tmp_path, monkeypatch) -> None:
     """A call runs at its bucket's rows (every row count from the dynamic package's up), so the
     target's cost profile is timed at those and read stepwise (not a line through 1, 2, 4, 6, ...

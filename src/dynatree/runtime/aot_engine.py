@@ -28,9 +28,10 @@ Two kinds of package, chosen by the few-row kernel plan
   ``weight @ x.T``, and the package holds no weights: they are bound at load to the live model's
   tensors (``user_managed``). On the 2-core EPYC a one-row step of SmolLM2-135M took 22.8 ms so,
   against 54.0 with inductor's own linear lowering (``benchmarks/cpu/aoti_step.jsonl``);
-- from the row count where the plan reads packed weights, ONE *frozen* package whose row count is
-  a dynamic dimension: inductor packs the weights for oneDNN inside it, and its key is the
-  weights' digest. It runs every tree of that size or more unpadded, and the prefill's chunks.
+- from the row count where the plan reads packed weights (3 rows at the latest), ONE *frozen*
+  package whose row count is a dynamic dimension: inductor packs the weights for oneDNN inside it
+  (the products that read one input concatenated into one, ``FROZEN_INDUCTOR``), and its key is
+  the weights' digest. It runs every tree of that size or more unpadded, and the prefill's chunks.
 
 Exactness: a step's rows are computed from the same rows of the same cache as the eager engine's,
 by other kernels (float rounding differs, the tokens are verified the same way). Packages are
@@ -68,6 +69,18 @@ BUCKETS = (1, 2, 4, 8, 16)
 #: 55-60 s and 94 s for the target). Once this machine has built packages, the estimate is scaled
 #: by what they took (:func:`build_pace`).
 BUILD_S_PER_LAYER, BUILD_S_FIXED, BUILD_FROZEN_FACTOR = 2.6, 10.0, 1.6
+#: The package of dynamic rows serves every call of this many rows or more wherever the plan packs
+#: at all (:func:`package_layout`).
+DYNAMIC_BY = 3
+#: Inductor's settings for a frozen package: ``freezing`` folds the weights in and packs them for
+#: oneDNN; ``cpp.enable_concat_linear`` (off in inductor's defaults) makes the products that read
+#: one input (a layer's q, k and v projections; its gate and up) one product over their weights
+#: concatenated at build, 2 oneDNN calls a layer instead of 5. Why: a few-row product is mostly the
+#: call's fixed cost (q, k and v at 4-16 rows: 0.04-0.09 ms as one call against 0.09-0.14 as three,
+#: a scratch timing), and a frozen package holds its own copy of the weights anyway, so the fused
+#: weights cost no memory. Measured on a 2-core Intel Xeon, SmolLM2-135M: steps of 6-16 rows 0.93-0.97x
+#: the time, a 256-token prefill 0.95x, 768 tokens 0.97x (``benchmarks/cpu/aot_concat_linear.jsonl``).
+FROZEN_INDUCTOR = {"freezing": True, "cpp.enable_concat_linear": True}
 _FIRST_COLUMNS = 64  # the cache's first allocation (and the export's example length)
 _GROWTH_COLUMNS = 128  # the cache grows by an eighth, rounded up to a multiple of this
 
@@ -149,9 +162,10 @@ def package_layout(model: torch.nn.Module, buckets: Sequence[int],
     """The packages of ``buckets``: the fixed buckets (one unfrozen package each), and the fewest
     rows the one frozen package of dynamic rows serves (None: no such package).
 
-    The dynamic package starts at the first bucket the plan runs on packed weights at its row count
-    or at any fewer rows (from the row after the bucket below it), where a copy of the weights fits
-    the packing budget; it serves every call of that many rows or more, unpadded, prefill chunks
+    Where the plan packs at any bucket's rows and a copy of the weights fits the packing budget,
+    the dynamic package starts at the first bucket the plan runs on packed weights at its row count
+    or at any fewer rows (from the row after the bucket below it), or at ``DYNAMIC_BY`` rows if
+    that is fewer; it serves every call of that many rows or more, unpadded, prefill chunks
     included. Why:
 
     - frozen, inductor packs the weights for oneDNN inside the package: traced instead, the plan's
@@ -165,6 +179,13 @@ def package_layout(model: torch.nn.Module, buckets: Sequence[int],
       the weights are packed once (543 MB for the embedded target, on disk and in memory) instead
       of once per bucket. The prompt's chunks run on it too, about level with the eager chunks
       (12 Spec-Bench prompts: 5.49 s against 5.41; 0.79-1.06x prompt by prompt);
+    - from ``DYNAMIC_BY`` (3) rows at the latest, wherever the plan packs at all: the frozen
+      package fuses what the plan cannot (its oneDNN products take the layer's norm before them
+      and the residual add after, and the products that read one input run as one,
+      ``FROZEN_INDUCTOR``), so it beat the traced bucket at 3-4 rows where the plan, timing each
+      product alone, chose ``F.linear`` up to 4 rows (2-core Intel Xeon, SmolLM2-135M, 150 cached
+      tokens: a 4-row step 31.0-31.4 ms frozen against 36.3-37.8 traced, 3 rows 30.0-33.1 against
+      34.8-35.8; at 2 rows level, 27.3-29.7 against 26.9-27.9; ``benchmarks/cpu/aot_concat_linear.jsonl``);
     - "or fewer rows": the plan is measured row count by row count over the model's weights, and
       near the crossing its choice flips with the machine's noise (the embedded target's plan on
       the EPYC: row-major for 1-2 rows, packed for 3, row-major for 4, packed from 6); packing
@@ -179,6 +200,7 @@ def package_layout(model: torch.nn.Module, buckets: Sequence[int],
     if first is None or sum(p.numel() * p.element_size() for p in model.parameters()) > packing_budget():
         return buckets, None
     low = max(2, buckets[first - 1] + 1 if first else 2)  # (an export of dynamic rows needs 2 or more)
+    low = min(low, DYNAMIC_BY)
     return tuple(b for b in buckets if b < low), low
 
 
@@ -224,7 +246,7 @@ def package_key(model: torch.nn.Module, bucket: int, hidden: bool, plan: LinearP
            "few_row": plan is not None and plan.kernel(bucket) != "linear", "grouped_kv": "packed" if GROUPED_KV else False,
            **aot_store.machine()}
     if frozen:
-        key.update(frozen=True, rows="dynamic", weights=weights_digest(model))
+        key.update(frozen=True, rows="dynamic", weights=weights_digest(model), inductor=FROZEN_INDUCTOR)
     return key
 
 
@@ -303,7 +325,7 @@ def build_package(path: str, model: torch.nn.Module, bucket: int, hidden: bool, 
         if frozen and not all(isinstance(d, torch.SymInt) for d in dims):
             raise DynaTreeError(f"engine='aot' cannot export {type(model).__name__} with a dynamic "
                                 f"{'batch and ' if batch else ''}row count (the export fixed it); use engine='hf'")
-        config = {"freezing": True} if frozen else {"aot_inductor.package_constants_in_so": False}
+        config = dict(FROZEN_INDUCTOR) if frozen else {"aot_inductor.package_constants_in_so": False}
         torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=config)
 
 
@@ -487,7 +509,8 @@ class AOTCachedModel(BucketedModel):
         low = self._dynamic_from = next((b for b, p in self._packages.items() if p.frozen), None)
         self.buckets = fixed + (tuple(range(low, max(low, self.max_tree_rows) + 1)) if low else ())
         # (what the steps were built with: a cost profile timed on other packages is not theirs)
-        self.build = {"grouped_kv": "packed" if GROUPED_KV else False, "dynamic_from": low}
+        self.build = {"grouped_kv": "packed" if GROUPED_KV else False, "dynamic_from": low,
+                      "frozen": FROZEN_INDUCTOR if low else None}
         self._eager = Step(model, self._hidden)
         layers, heads, dim = kv_shape(model)
         self._kv_shape = (layers, heads, dim)
