@@ -5,7 +5,8 @@ row count, prefills, then plain decoding and the default.
     python benchmarks/cpu/aot_concat_linear.py --out benchmarks/cpu/aot_concat_linear.jsonl
 
 The two arms are the engine's settings (``aot_engine.FROZEN_INDUCTOR``, ``aot_engine.DYNAMIC_BY``),
-each with its own packages and cost profile (built or measured on first use, outside the timing).
+each with its own packages and cost profile (built or measured on first use, and loaded at each
+switch, outside the timing).
 Part 1: the target alone at 150 cached tokens, each row count of ``ROWS`` timed ``--reps`` times a
 round, and prefills of ``PREFILLS`` tokens, arms alternating round by round (``--rounds``), median
 ms. Part 2: Spec-Bench first turns (``--questions`` per task), ``--new`` tokens, plain decoding and
@@ -52,13 +53,14 @@ def main() -> None:
     arms = {"before": ({"freezing": True}, 1 << 30), "after": (aot_engine.FROZEN_INDUCTOR, aot_engine.DYNAMIC_BY)}
 
     def arm(name: str) -> None:
+        """Switch to arm ``name``: its settings, its packages loaded (a short run of each mode)."""
         aot_engine.FROZEN_INDUCTOR, aot_engine.DYNAMIC_BY = arms[name]
         aot_engine.forget()
+        for d in (None, draft):
+            dynatree.generate(target, d, list(range(100, 140)), max_new_tokens=4, options=options)
 
     for name in arms:  # (packages built, cost profiles measured)
         arm(name)
-        for d in (None, draft):
-            dynatree.generate(target, d, list(range(100, 140)), max_new_tokens=4, options=options)
 
     # 1. Steps and prefills.
     times: dict[tuple[str, str], list[float]] = {}
