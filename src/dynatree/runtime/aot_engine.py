@@ -78,8 +78,9 @@ DYNAMIC_BY = 3
 #: concatenated at build, 2 oneDNN calls a layer instead of 5. Why: a few-row product is mostly the
 #: call's fixed cost (q, k and v at 4-16 rows: 0.04-0.09 ms as one call against 0.09-0.14 as three,
 #: a scratch timing), and a frozen package holds its own copy of the weights anyway, so the fused
-#: weights cost no memory. Measured on a 2-core Intel Xeon, SmolLM2-135M: steps of 6-16 rows 0.93-0.97x
-#: the time, a 256-token prefill 0.95x, 768 tokens 0.97x (``benchmarks/cpu/aot_concat_linear.jsonl``).
+#: weights cost no memory. Measured on a 2-core Intel Xeon, SmolLM2-135M, with the package serving
+#: from 3 rows (``DYNAMIC_BY``): steps of 3-16 rows took 0.84-0.92x the time at 150 cached tokens,
+#: prefills of 85-768 tokens about the same (0.96-1.02x) (``benchmarks/cpu/aot_concat_linear.jsonl``).
 FROZEN_INDUCTOR = {"freezing": True, "cpp.enable_concat_linear": True}
 _FIRST_COLUMNS = 64  # the cache's first allocation (and the export's example length)
 _GROWTH_COLUMNS = 128  # the cache grows by an eighth, rounded up to a multiple of this
@@ -184,8 +185,9 @@ def package_layout(model: torch.nn.Module, buckets: Sequence[int],
       and the residual add after, and the products that read one input run as one,
       ``FROZEN_INDUCTOR``), so it beat the traced bucket at 3-4 rows where the plan, timing each
       product alone, chose ``F.linear`` up to 4 rows (2-core Intel Xeon, SmolLM2-135M, 150 cached
-      tokens: a 4-row step 31.0-31.4 ms frozen against 36.3-37.8 traced, 3 rows 30.0-33.1 against
-      34.8-35.8; at 2 rows level, 27.3-29.7 against 26.9-27.9; ``benchmarks/cpu/aot_concat_linear.jsonl``);
+      tokens, medians: a 4-row step 30.5 ms frozen against 36.5 traced, 3 rows 30.6 against 34.9,
+      ``benchmarks/cpu/aot_concat_linear.jsonl``; at 2 rows level in a scratch timing, 27.3-29.7
+      against 26.9-27.9);
     - "or fewer rows": the plan is measured row count by row count over the model's weights, and
       near the crossing its choice flips with the machine's noise (the embedded target's plan on
       the EPYC: row-major for 1-2 rows, packed for 3, row-major for 4, packed from 6); packing
