@@ -116,3 +116,28 @@ def test_plain_decoding_takes_its_first_token_from_the_prefill(monkeypatch) -> N
         out = dynatree.generate(target, None, ids, "autoregressive", max_new_tokens=n,
                                 stopping=StoppingConfig(eos_token_id=()))
         assert calls == [9] + [1] * (n - 1) and torch.equal(out.sequences, hf_greedy(target, ids, n))
+
+
+def test_a_drafting_runs_prompt_is_cached_without_the_lm_head(monkeypatch) -> None:
+    """A run with a draft caches all of the prompt but its last token (the first round verifies
+    that one with the first tree), so no logits of the prefill are read: the target's prefill
+    runs its base model alone, no product over the vocabulary; the tokens stay HF greedy's."""
+    import dynatree
+    from dynatree.options import StoppingConfig
+    from dynatree.runtime.cache import CachedModel
+    from tiny import VOCAB, hf_greedy, perturbed, tiny_model
+
+    target = tiny_model("llama", 0)
+    calls: list[tuple[int, bool]] = []
+    call = CachedModel.call
+
+    def spy(kv, tokens, *a, base: bool = False, **k):
+        if kv.model is target:
+            calls.append((len(tokens), base))
+        return call(kv, tokens, *a, base=base, **k)
+
+    monkeypatch.setattr(CachedModel, "call", spy)
+    ids = torch.randint(2, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    out = dynatree.generate(target, perturbed(target), ids, "linear", max_new_tokens=12, k=3,
+                            stopping=StoppingConfig(eos_token_id=()))
+    assert calls[0] == (8, True) and torch.equal(out.sequences, hf_greedy(target, ids, 12))

@@ -300,6 +300,24 @@ def test_prefill_chunks_are_even_and_read_exactly_the_columns_they_fill(llama, m
     assert seen[0][0] == 33 and torch.equal(out.sequences, hf_greedy(llama["target"], ids, 30))
 
 
+def test_a_prompts_chunks_read_the_lm_head_for_the_last_row_only(llama, monkeypatch) -> None:
+    """A prompt of several chunks: only the last chunk's last row needs logits (and none where no
+    logits are asked), so the head's product over the vocabulary runs once, not once a chunk."""
+    monkeypatch.setattr(aot_engine, "PREFILL_CHUNK", 40)  # (the buckets end at 32: chunks of 40)
+    heads: list[int] = []
+    apply_head = AOTCachedModel.apply_head
+    monkeypatch.setattr(AOTCachedModel, "apply_head", lambda self, h: heads.append(h.shape[0]) or apply_head(self, h))
+    ids = prompt(129, 4)[0].tolist()
+    kv = _engine(llama)
+    logits = kv.prefill(ids, logits=True)
+    assert heads == [1]
+    expected = llama["target"](torch.tensor([ids])).logits[0, -1]
+    assert torch.allclose(logits, expected, atol=1e-4)
+    heads.clear()
+    _engine(llama).prefill(ids)
+    assert heads == []
+
+
 def test_the_cache_grows_past_its_first_allocation(llama) -> None:
     """A run longer than the first 64 columns reallocates the cache (same package: the cache's
     length is a dynamic dimension) and stays exact."""

@@ -206,6 +206,11 @@ class CachedModel:
         args = (tokens, torch.arange(self.length, self.length + q), torch.ones(q, q, dtype=torch.bool).tril(), self.length)
         if hidden:
             return self.forward_features(*args, layers=layers)[1]
+        if not logits and self.supports_lazy_head():
+            # (no logits wanted, as for a drafting run's prompt or a prompt's chunk before its last:
+            #  the LM head's product over the vocabulary, 3.8 ms a row at the embedded target, is left out)
+            self.forward_hidden(*args)
+            return None
         last = self.forward(*args, last_only=True)
         return last[-1] if logits else None
 

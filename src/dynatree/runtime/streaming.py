@@ -194,8 +194,11 @@ class StreamingKV:
             if not chunk:
                 continue
             n, start = len(chunk), self.length
-            last = self.forward(chunk, torch.arange(start, start + n), torch.ones(n, n, dtype=torch.bool).tril(), start,
-                                last_only=True)
+            args = (chunk, torch.arange(start, start + n), torch.ones(n, n, dtype=torch.bool).tril(), start)
+            if (logits and j == len(tokens)) or not self.supports_lazy_head():
+                last = self.forward(*args, last_only=True)
+            else:  # (no logits wanted of this chunk: the LM head is left out)
+                self.forward_hidden(*args)
             self._evict()
         return last[-1] if logits and tokens else None
 
