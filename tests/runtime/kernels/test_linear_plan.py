@@ -298,13 +298,14 @@ def test_a_one_row_call_that_sees_everything_passes_no_mask(monkeypatch: pytest.
 
     model = tiny_model("llama", 0)
     masks: list[object] = []
-    real = type(model).forward
+    base = type(model.base_model)  # (a prefill without logits calls the base model alone)
+    real = base.forward
 
     def spy(self, *args, **kwargs):
         masks.append(kwargs.get("attention_mask"))
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(model), "forward", spy)
+    monkeypatch.setattr(base, "forward", spy)
     kv = CachedModel(model, 96)
     with torch.inference_mode():
         kv.prefill([3, 4, 5])
