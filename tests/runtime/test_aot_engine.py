@@ -464,6 +464,27 @@ def test_a_package_that_fails_to_load_is_rebuilt(tmp_path: Path, monkeypatch) ->
     assert len(built) == 2
 
 
+def test_a_package_that_fails_to_load_for_want_of_temporary_room_is_kept(tmp_path: Path, monkeypatch) -> None:
+    """torch unpacks a package into the temporary folder to load it: with less room there than
+    the package, a failed load says nothing about the package, so it is kept (not rebuilt, which
+    would delete it and fail on the same full disk) and the error says what to do, in one line."""
+    import shutil
+
+    key, built, build = _fake(tmp_path, monkeypatch)
+    aot_store.obtain(key, build, lambda p: p)
+    path = aot_store.path_for(key)
+
+    def load(path: str) -> str:
+        raise RuntimeError("could not unpack the package\nmore lines")
+
+    room = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: room._replace(free=1))
+    with pytest.raises(DynaTreeError, match="less free space") as err:
+        aot_store.obtain(key, build, load)
+    assert "\n" not in str(err.value) and "TMPDIR" in str(err.value)
+    assert len(built) == 1 and aot_store.intact(path)
+
+
 def test_a_changed_library_or_cpu_is_another_key() -> None:
     a = aot_store.path_for({"torch": "2.13.0", "cpu": "EPYC"})
     assert a != aot_store.path_for({"torch": "2.14.0", "cpu": "EPYC"})

@@ -13,7 +13,9 @@ Three rules keep a package from being trusted when it should not be:
 - a second process that wants the same package while it is being built waits on a lock file
   (``fcntl.flock``) and then loads the finished one instead of building it again;
 - every package has a SHA-256 sidecar written after it; a package whose bytes do not match, or
-  that fails to load, is deleted and built again.
+  that fails to load, is deleted and built again (unless the temporary folder, where torch
+  unpacks a package to load it, has less room than the package: that is a one-line error, and
+  the package is kept).
 
 Folder: ``$DYNATREE_CACHE_DIR/aot`` if the variable is set, else the platform's user cache dir,
 beside the linear plans and the cost profiles. Nothing is removed from it on its own (another
@@ -134,11 +136,32 @@ def obtain(key: Mapping[str, Any], build: Callable[[str], None], load: Callable[
             return _used(path, load(str(path))), False
     with locked(path):
         if intact(path):  # (another process finished it while this one waited)
-            with contextlib.suppress(Exception):
+            try:
                 return _used(path, load(str(path))), False
+            except Exception as exc:  # noqa: BLE001 -- whatever a package that cannot load raises
+                _refuse_without_room(path, exc)
         discard(path)
         build_into(path, build, key)
         return load(str(path)), True
+
+
+def _refuse_without_room(path: Path, exc: Exception) -> None:
+    """Raise a one-line error, keeping the package, where an intact package failed to load while
+    the temporary folder has less room than the package: torch unpacks every package there to
+    load it, so the failure says nothing about the package (a rebuild would delete a good one and
+    then fail on the same full disk: seen when a process had filled ``/tmp`` with unpacked copies)."""
+    import shutil
+    import tempfile
+
+    from dynatree.errors import DynaTreeError, first_line
+
+    folder = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(folder).free < path.stat().st_size:
+            raise DynaTreeError(
+                f"cannot load the aot package {path.name} ({type(exc).__name__}: {first_line(exc)}): torch unpacks "
+                f"it into {folder}, which has less free space than its {path.stat().st_size / 1e6:.0f} MB; free "
+                "space there or point TMPDIR elsewhere (the package is kept)") from exc
 
 
 def _used(path: Path, loaded: _T) -> _T:
