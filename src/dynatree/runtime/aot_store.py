@@ -157,10 +157,11 @@ def _refuse_without_room(path: Path, exc: Exception) -> None:
 
     folder = tempfile.gettempdir()
     with contextlib.suppress(OSError):
-        if shutil.disk_usage(folder).free < path.stat().st_size:
+        size = path.stat().st_size
+        if shutil.disk_usage(folder).free < size:
             raise DynaTreeError(
                 f"cannot load the aot package {path.name} ({type(exc).__name__}: {first_line(exc)}): torch unpacks "
-                f"it into {folder}, which has less free space than its {path.stat().st_size / 1e6:.0f} MB; free "
+                f"it into {folder}, which has less free space than its {size / 1e6:.0f} MB; free "
                 "space there or point TMPDIR elsewhere (the package is kept)") from exc
 
 

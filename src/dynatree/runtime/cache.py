@@ -103,6 +103,18 @@ def plain_head(model: torch.nn.Module) -> bool:
         and isinstance(model.get_output_embeddings(), torch.nn.Linear)
 
 
+def cache_chunk(kv: Any, args: tuple, logits: bool) -> torch.Tensor | None:
+    """Run one causal chunk ``args`` (tokens, positions, visible, since) on ``kv``; the last
+    row's logits ``[V]`` if ``logits``. Without them, the LM head is left out where ``kv`` computes
+    it apart (a drafting run's prompt, a prompt's chunk before its last: the product over the
+    vocabulary, 3.8 ms a row at the embedded target)."""
+    if not logits and kv.supports_lazy_head():
+        kv.forward_hidden(*args)
+        return None
+    last = kv.forward(*args, last_only=True)
+    return last[-1] if logits else None
+
+
 # ------------------------------------------------------------------ the few-row linear kernels
 def few_row_plan(model: torch.nn.Module, device: torch.device, cpu_linear: bool | LinearPlan) -> LinearPlan | None:
     """The few-row linear kernels (kernels/linear_plan.py) a model+cache on ``device`` runs by row
@@ -206,13 +218,7 @@ class CachedModel:
         args = (tokens, torch.arange(self.length, self.length + q), torch.ones(q, q, dtype=torch.bool).tril(), self.length)
         if hidden:
             return self.forward_features(*args, layers=layers)[1]
-        if not logits and self.supports_lazy_head():
-            # (no logits wanted, as for a drafting run's prompt or a prompt's chunk before its last:
-            #  the LM head's product over the vocabulary, 3.8 ms a row at the embedded target, is left out)
-            self.forward_hidden(*args)
-            return None
-        last = self.forward(*args, last_only=True)
-        return last[-1] if logits else None
+        return cache_chunk(self, args, logits)
 
     def forward(
         self,

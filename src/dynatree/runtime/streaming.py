@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dynatree.runtime.cache import CachedModel, compact
+from dynatree.runtime.cache import CachedModel, cache_chunk, compact
 from dynatree.errors import DynaTreeError
 from dynatree.options import check_window
 from dynatree.runtime.window import attention_layout
@@ -195,12 +195,9 @@ class StreamingKV:
                 continue
             n, start = len(chunk), self.length
             args = (chunk, torch.arange(start, start + n), torch.ones(n, n, dtype=torch.bool).tril(), start)
-            if (logits and j == len(tokens)) or not self.supports_lazy_head():
-                last = self.forward(*args, last_only=True)
-            else:  # (no logits wanted of this chunk: the LM head is left out)
-                self.forward_hidden(*args)
+            last = cache_chunk(self, args, logits and j == len(tokens))
             self._evict()
-        return last[-1] if logits and tokens else None
+        return last if logits and tokens else None
 
     def forward(self, tokens, positions, visible, since, last_only: bool = False) -> torch.Tensor:
         return self._call(self.kv.forward, tokens, positions, visible, since, last_only=last_only)
