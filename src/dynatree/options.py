@@ -58,6 +58,12 @@ class EngineOptions:
     the static engine on a CPU when this pool already holds compiled graphs for the model (what
     :func:`dynatree.precompile` builds); None keeps them in the process's default pool, which only
     spares recompiling and never changes what ``"auto"`` decides. Not part of the options' equality.
+
+    ``screened_head``: greedy acceptance reads the argmax of the target's LM head through an int8
+    copy of its weights that rules tokens out by a proven bound, and the fp32 head on the few it
+    cannot (:mod:`dynatree.runtime.kernels.screened_head`). None: wherever the head is computed
+    lazily (``lazy_head``: a CPU) and this machine's int8 product passes its self-test; False: the
+    fp32 head on every row read.
     """
 
     engine: str = "auto"
@@ -65,6 +71,7 @@ class EngineOptions:
     buckets: tuple[int, ...] | None = None
     cpu_linear: bool | None = None
     lazy_head: bool | None = None
+    screened_head: bool | None = None
     tree_order: str = "bfs"
     kv_window: int | None = None
     kv_sinks: int = 4
@@ -81,7 +88,7 @@ class EngineOptions:
         if self.compile and self.engine == "aot":
             raise DynaTreeError("compile= applies to engine='static'; engine='aot' is compiled ahead of time already")
         object.__setattr__(self, "buckets", _buckets(self.buckets))
-        for name in ("cpu_linear", "lazy_head"):
+        for name in ("cpu_linear", "lazy_head", "screened_head"):
             if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
                 raise DynaTreeError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
         if not (self.linear_plan is None or isinstance(self.linear_plan, LinearPlan)):

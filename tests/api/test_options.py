@@ -28,6 +28,7 @@ from dynatree.runtime import engines
         ({"buckets": 8}, "buckets must be positive integers, got 8"),
         ({"cpu_linear": "yes"}, "cpu_linear must be True, False or None, got 'yes'"),
         ({"lazy_head": 1}, "lazy_head must be True, False or None, got 1"),
+        ({"screened_head": "on"}, "screened_head must be True, False or None, got 'on'"),
         ({"tree_order": "random"}, "unknown tree_order 'random': must be 'bfs' or 'dfs'"),
         ({"kv_window": 0}, "kv_window must be a positive integer"),
         ({"kv_window": 64, "kv_sinks": -1}, "kv_sinks must be an integer >= 0"),

@@ -16,6 +16,7 @@ import torch
 
 import dynatree
 from dynatree import STRATEGIES, EngineOptions, StoppingConfig
+from dynatree.errors import DynaTreeError
 from tiny import ARCHS, SMALL_TREES, VOCAB, hf_greedy, perturbed, tiny_model
 
 OPTIONS = SMALL_TREES
@@ -206,6 +207,31 @@ def test_lazy_and_full_lm_head_equal_target(arch: str, lazy_head: bool, engine: 
                             stopping=NO_EOS, options=EngineOptions(lazy_head=lazy_head, engine=engine),
                             **OPTIONS["dynatree"], text=False)
     assert torch.equal(out.sequences, reference(arch, 6, 5, 30))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", ["autoregressive", "dynatree"])
+def test_the_screened_head_equals_target(arch: str, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy acceptance through the head's int8 screen (the CPU default): HF greedy's tokens, with
+    the screen deciding the rows it reads (counted), on plain decoding and on trees."""
+    from dynatree.runtime.kernels.screened_head import ScreenedHead
+
+    calls: list[int] = []
+    real = ScreenedHead.argmax
+    monkeypatch.setattr(ScreenedHead, "argmax", lambda self, h, full: calls.append(h.shape[0]) or real(self, h, full))
+    m = models(arch)
+    draft = None if strategy == "autoregressive" else m["perturbed"]
+    out = dynatree.generate(m["target"], draft, prompt(6, 5), strategy, max_new_tokens=30, stopping=NO_EOS,
+                            options=EngineOptions(screened_head=True), **OPTIONS.get(strategy, {}), text=False)
+    assert torch.equal(out.sequences, reference(arch, 6, 5, 30))
+    assert len(calls) >= (29 if draft is None else 1)
+
+
+def test_screened_head_needs_the_lazy_head() -> None:
+    m = models("llama")
+    with pytest.raises(DynaTreeError, match="screened_head=True needs the lazy head"):
+        dynatree.generate(m["target"], None, prompt(6, 5), "autoregressive", max_new_tokens=3,
+                          options=EngineOptions(lazy_head=False, screened_head=True))
 
 
 def test_static_engine_prefills_prompts_longer_than_the_largest_bucket() -> None:

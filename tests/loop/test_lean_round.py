@@ -81,6 +81,57 @@ def test_a_large_tree_walk_along_the_likely_chain_costs_one_head_call():
     assert head.calls == 5
 
 
+class CountingArgmax:
+    """A head's argmax over rows of hidden states that counts its calls and the rows it saw."""
+
+    def __init__(self, weight: torch.Tensor, vocab: int) -> None:
+        self.weight, self.vocab, self.rows = weight, vocab, []
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.rows.append(hidden.shape[0])
+        return (hidden @ self.weight.T)[:, : self.vocab].argmax(-1)
+
+
+def test_a_small_trees_argmaxes_are_one_call_and_no_logits() -> None:
+    """A screened head: a tree of at most ``batch_rows`` rows gets every row's argmax in one call on
+    the first read, and the head's logits are never computed."""
+    g = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(4, 8, generator=g), torch.randn(20, 8, generator=g)
+    head, argmax = CountingHead(weight), CountingArgmax(weight, 16)
+    lazy = LazyLogits(hidden, head, 16, argmax=argmax)
+    got = [lazy.argmax(i) for i in (0, 2, 3, 0)]
+    assert got == [int((hidden[i] @ weight.T)[:16].argmax()) for i in (0, 2, 3, 0)]
+    assert argmax.rows == [4] and head.calls == 0
+
+
+def test_a_large_tree_walk_reads_argmaxes_along_the_likely_chain_in_one_call() -> None:
+    """The walk of test_a_large_tree_walk_along_the_likely_chain_costs_one_head_call through a
+    screened head: the same decision, one argmax call for the chain, no logits."""
+    tree = chain_tree(6).freeze()
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(tree.size, 8, generator=g)
+    weight = torch.randn(80, 8, generator=g)
+    chain = likely_chain(tree)
+    wanted = [int(tree.tokens[c]) for c in chain[1:5]] + [77]
+    for node, token in zip(chain, wanted):
+        weight[token] = hidden[node] / hidden[node].norm() ** 2 * 100.0
+    expected = greedy_accept(tree, hidden @ weight.T)
+    head, argmax = CountingHead(weight), CountingArgmax(weight, 80)
+    got = greedy_accept(tree, LazyLogits(hidden, head, 80, argmax=argmax))
+    assert got == expected and len(expected[0]) == 4
+    assert argmax.rows == [len(chain)] and head.calls == 0
+
+
+def test_a_row_whose_logits_are_computed_reads_its_argmax_from_them() -> None:
+    g = torch.Generator().manual_seed(4)
+    hidden, weight = torch.randn(9, 8, generator=g), torch.randn(20, 8, generator=g)
+    head, argmax = CountingHead(weight), CountingArgmax(weight, 20)
+    lazy = LazyLogits(hidden, head, 20, argmax=argmax)
+    row = lazy[5]
+    assert lazy.argmax(5) == int(row.argmax()) and argmax.rows == [] and head.calls == 1
+    assert lazy.argmax(6) == int((hidden[6] @ weight.T).argmax()) and argmax.rows == [1]
+
+
 class CharTokenizer:
     """One character per token id (id = ord)."""
 

@@ -49,4 +49,9 @@ class KVModel(Protocol):
 
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
+    def head_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax over the vocabulary of :meth:`apply_head` on each row of ``hidden`` (LongTensor
+        ``[R]``), which need not compute the logits (a screened head)."""
+        ...
+
     def supports_lazy_head(self) -> bool: ...

@@ -177,6 +177,7 @@ class RunContext:
     The loop's part: ``strategy`` (the policy's name, for the statistics), ``max_new_tokens``,
     ``stop`` (EOS ids), ``stop_text`` (the stop-string matcher, or None), ``sampling``, ``rng`` (a
     single prompt's generator; a batch's rows carry their own), ``tree_order``, ``lazy_head``,
+    ``screened_head`` (greedy acceptance reads the head's argmax through its int8 screen),
     ``sync`` (the tensor-parallel rank sync, or None), ``on_round``, ``backoff`` (this call's
     controller, or None), ``shared_random`` (the trees themselves are drawn from the run's random
     stream: DySpec), and a batch's ``pad_token_id``, ``tree_rows`` (the verify rows a sampled batch's rows
@@ -202,6 +203,7 @@ class RunContext:
     rng: torch.Generator | None = None
     tree_order: str = "bfs"
     lazy_head: bool = False
+    screened_head: bool = False
     sync: Any = None
     on_round: Callable[[Any], None] | None = None
     backoff: Any = None

@@ -53,8 +53,13 @@ class LazyLogits:
     BATCH_ROWS = LAZY_HEAD_BATCH_ROWS
 
     def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
-                 eager: bool = False, features: torch.Tensor | None = None, batch_rows: int | None = None) -> None:
+                 eager: bool = False, features: torch.Tensor | None = None, batch_rows: int | None = None,
+                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.hidden, self.head, self.vocab_size = hidden, head, vocab_size
+        #: the argmax of the head on rows of hidden states without their logits (the KV cache's
+        #: screened head), or None: :meth:`argmax` reads the row's logits
+        self.head_argmax = argmax
+        self._argmax: dict[int, int] = {}
         #: trees up to this many rows get every row's head in one call on the first read (0: never)
         self.batch_rows = self.BATCH_ROWS if batch_rows is None else batch_rows
         # what a feature draft reads of each node: the final hidden states, or fused layer outputs
@@ -69,8 +74,13 @@ class LazyLogits:
     def prefetch(self, nodes: Sequence[int]) -> None:
         """The head of ``nodes`` in ONE call, kept for later reads: the rows a walk is likely to
         read (the draft's most likely chain) cost one pass over the head's weights instead of one
-        pass each. Rows already computed are skipped."""
+        pass each. Rows already computed are skipped. With a screened head, their argmaxes."""
         if self._all is not None or len(self) <= self.batch_rows:
+            return
+        if self.head_argmax is not None:
+            todo = [n for n in dict.fromkeys(nodes) if n not in self._argmax and n not in self._rows]
+            if len(todo) >= 2:
+                self._argmax.update(zip(todo, self.head_argmax(self.hidden[todo]).tolist()))
             return
         todo = [n for n in dict.fromkeys(nodes) if n not in self._rows]
         if len(todo) < 2:
@@ -78,6 +88,20 @@ class LazyLogits:
         rows = self.head(self.hidden[todo])[:, : self.vocab_size].float()
         for n, row in zip(todo, rows):
             self._rows[n] = row
+
+    def argmax(self, node: int) -> int:
+        """The argmax of node ``node``'s logits (the first on ties), what greedy acceptance reads:
+        through the screened head where there is one and the row's logits are not computed yet
+        (a tree of at most ``batch_rows`` rows: every row's argmax in one call), else from the
+        row's logits."""
+        if self.head_argmax is None or self._all is not None or node in self._rows:
+            return int(self[node].argmax())
+        if node not in self._argmax:
+            if len(self) <= self.batch_rows:
+                self._argmax.update(enumerate(self.head_argmax(self.hidden).tolist()))
+            else:
+                self._argmax[node] = int(self.head_argmax(self.hidden[node : node + 1])[0])
+        return self._argmax[node]
 
     def __getitem__(self, node: int) -> torch.Tensor:
         if node in self._rows:  # (computed ahead: prefetch, or a batch's one head call)
@@ -126,7 +150,7 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor | LazyLogits) -> 
     path: list[int] = []
     node = 0
     while True:
-        best = int(target_logits[node].argmax())
+        best = target_logits.argmax(node) if isinstance(target_logits, LazyLogits) else int(target_logits[node].argmax())
         node = next((c for c in kids[node] if tokens[c] == best), -1)
         if node < 0:
             return path, best
@@ -198,7 +222,7 @@ def residual(r: torch.Tensor, d: torch.Tensor | None, x: int) -> torch.Tensor:
 
 def tree_forward(
     kv: KVModel, tree: TokenTree, order: str = "bfs", lazy_head: bool = False, keep_hidden: bool = False,
-    feature_layers: Sequence[int] = (),
+    feature_layers: Sequence[int] = (), screen: bool = False,
 ) -> tuple[torch.Tensor | LazyLogits, torch.Tensor]:
     """ONE target forward over every tree node; returns (logits ``[n, V]``, cache rows ``[n]``).
 
@@ -209,9 +233,12 @@ def tree_forward(
     :class:`LazyLogits` (LM head applied per node on demand) instead of a full tensor;
     ``keep_hidden`` returns :class:`LazyLogits` too, with every row's logits computed at once
     unless ``lazy_head``, so that ``.features`` holds the nodes' features for a feature draft
-    (their final hidden states, or the outputs of ``feature_layers`` concatenated).
+    (their final hidden states, or the outputs of ``feature_layers`` concatenated). ``screen``
+    (with ``lazy_head``): a greedy walk reads each row's argmax through the cache's screened head
+    (:meth:`KVModel.head_argmax`) instead of the row's logits.
     """
     prefix = kv.length
+    argmax = kv.head_argmax if screen and lazy_head else None
     visible = ancestor_matrix(tree.parent, tree.depth)
     positions = position_ids(tree.depth, prefix)[0]
     if order == "bfs":
@@ -224,9 +251,11 @@ def tree_forward(
     if keep_hidden:
         hidden, feats = kv.forward_features(*args, prefix, layers=feature_layers)
         r = rank.to(hidden.device)
-        return LazyLogits(hidden[r], kv.apply_head, kv.vocab_size, eager=not lazy_head, features=feats[r]), rank + prefix
+        return LazyLogits(hidden[r], kv.apply_head, kv.vocab_size, eager=not lazy_head, features=feats[r],
+                          argmax=argmax), rank + prefix
     if lazy_head:
         hidden = kv.forward_hidden(*args, prefix)
-        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size, eager=False), rank + prefix
+        return LazyLogits(hidden[rank.to(hidden.device)], kv.apply_head, kv.vocab_size, eager=False,
+                          argmax=argmax), rank + prefix
     logits = kv.forward(*args, prefix)
     return logits[rank.to(logits.device)], rank + prefix

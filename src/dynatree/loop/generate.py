@@ -200,6 +200,7 @@ def generate(
                           if drafts else lambda: None),
             strategy=policy.name, max_new_tokens=max_new_tokens, stop=_eos_set(target, stopping.eos_token_id),
             stop_text=stop_text, sampling=sampling, rng=rng, tree_order=options.tree_order, lazy_head=lazy_head,
+            screened_head=_screened_head(options, lazy_head),
             sync=sync, on_round=on_round, backoff=_pacer(backoff, drafts and sampling.greedy and sync is None),
             shared_random=policy.samples_children)
         proposer = open_proposer(draft, context) if drafts else None
@@ -266,6 +267,18 @@ def _lazy_head(options: EngineOptions, target_kv: Any) -> bool:
     if options.lazy_head and not target_kv.supports_lazy_head():
         raise DynaTreeError("lazy_head=True needs a model whose logits are head(hidden states) exactly")
     return options.lazy_head
+
+
+def _screened_head(options: EngineOptions, lazy_head: bool) -> bool:
+    """Whether greedy acceptance reads the head's argmax through its int8 screen: by default
+    wherever the head is lazy (the screen replaces reading a row's whole fp32 head; where a row's
+    logits are computed anyway it gains nothing); the KV cache keeps the fp32 head where the
+    screen does not apply (:mod:`dynatree.runtime.kernels.screened_head`)."""
+    if options.screened_head is None:
+        return lazy_head
+    if options.screened_head and not lazy_head:
+        raise DynaTreeError("screened_head=True needs the lazy head (lazy_head=True or None on a CPU)")
+    return options.screened_head
 
 
 def _policy(strategy: str | DraftPolicy, strategy_options: dict[str, Any]) -> DraftPolicy:
@@ -353,6 +366,7 @@ def _decode(target: KVModel, proposer: Proposer | None, prompt: list[int], run: 
             logits, rows, first = first, None, None
         else:
             logits, rows = tree_forward(target, tree, run.tree_order, run.lazy_head, keep_hidden=features,
+                                        screen=run.screened_head,
                                         feature_layers=layers)
         t2 = clock()
         # 3. Accept: the path the target agrees with (greedy) or accepts (rejection sampling),

@@ -24,6 +24,7 @@ from dynatree.errors import DynaTreeError
 from dynatree.runtime.kernels.cpu_linear import SmallBatchLinear, packing_applies
 from dynatree.options import LinearPlan, fixed_plan
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
+from dynatree.runtime.kernels.screened_head import for_head
 from dynatree.runtime.window import AttentionLayout, attention_layout, layer_masks
 from dynatree.tuning import PREFILL_CHUNK
 
@@ -200,6 +201,17 @@ class CachedModel:
         with the plan's kernels for the head alone."""
         with head_layout(self.linear_plan, hidden.numel() // hidden.shape[-1]):
             return self.head(hidden)
+
+    def head_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax of the head's logits on each row of ``hidden``: through the head's int8
+        screen where it applies (:mod:`dynatree.runtime.kernels.screened_head`: fp32 weights on a
+        CPU, this machine's int8 product exact; not a head sharded over ranks), else from the logits."""
+        screened = None
+        if self.device.type == "cpu" and not distributed.is_sharded(self.model):
+            screened = for_head(self.head, self.vocab_size)
+        if screened is None:
+            return self.apply_head(hidden)[..., : self.vocab_size].argmax(-1).view(-1)
+        return screened.argmax(hidden, self.apply_head)
 
     @property
     def length(self) -> int:

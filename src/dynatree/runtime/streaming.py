@@ -172,6 +172,9 @@ class StreamingKV:
     def apply_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.kv.apply_head(hidden)
 
+    def head_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.kv.head_argmax(hidden)
+
     def supports_lazy_head(self) -> bool:
         return self.kv.supports_lazy_head()
 

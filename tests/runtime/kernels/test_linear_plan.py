@@ -323,13 +323,14 @@ def test_the_lm_head_takes_its_own_bands(monkeypatch: pytest.MonkeyPatch) -> Non
     bands for the head, the layers theirs: greedy output still equals HF greedy. Fails where the
     head's calls take the layers' bands (the head's kernel was the layers' choice before, and on
     the Intel Xeon that was F.linear at 14 rows: 28.3 ms against 8.1 packed). The aot engine's
-    twin is in tests/runtime/test_aot_engine.py."""
+    twin is in tests/runtime/test_aot_engine.py. (The fp32 head: the screened head reads the
+    head's rows only where its screen cannot decide.)"""
     target, draft = llama_pair()
     ids = torch.tensor([[3, 17, 42, 8, 29, 11, 5]])
     seen = lazy_head_kernels(monkeypatch, target.get_output_embeddings().weight)
     plan = LinearPlan(((64, "rowmajor"),), "test", head=((64, "onednn"),))
     out = dynatree.generate(target, draft, ids, "dynatree", max_new_tokens=24, text=False, max_nodes=12,
-                            options=EngineOptions(linear_plan=plan, lazy_head=True))
+                            options=EngineOptions(linear_plan=plan, lazy_head=True, screened_head=False))
     assert out.sequences.tolist() == hf_greedy(target, ids, 24).tolist()
     assert {k for is_head, k in seen if is_head} == {"onednn"}
     assert "rowmajor" in {k for is_head, k in seen if not is_head}
