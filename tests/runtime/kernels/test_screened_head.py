@@ -137,6 +137,15 @@ def test_a_row_with_too_many_candidates_reads_its_whole_fp32_row(monkeypatch: py
     assert called == [1] * 5
 
 
+def test_a_row_that_is_not_finite_reads_its_whole_fp32_row() -> None:
+    lin = head(300, 32, 6)
+    x = hidden_rows(3, 32, 7)
+    x[1, 4] = float("nan")
+    x[2] = 0.0
+    got = ScreenedHead(lin.weight).argmax(x, lambda rows: F.linear(rows, lin.weight))
+    assert torch.equal(got, F.linear(x, lin.weight).argmax(-1))
+
+
 def test_for_head_refuses_a_machine_whose_int8_product_saturates(monkeypatch: pytest.MonkeyPatch) -> None:
     """An int8 kernel that sums pairs of u8 x s8 products into 16 bits with saturation (what int8
     kernels without VNNI do; src shifted to u8 as oneDNN does for s8 x s8) fails the self-test."""

@@ -157,7 +157,7 @@ class ScreenedHead:
         x = hidden.reshape(-1, self.dim).float().contiguous()
         out = torch.empty(x.shape[0], dtype=torch.long)
         for i, cand in enumerate(self.candidates(x)):
-            if cand.numel() > MAX_CANDIDATES:
+            if cand.numel() > MAX_CANDIDATES or not cand.numel():  # (none: a row that is not finite)
                 out[i] = int(full(x[i : i + 1])[0, : self.vocab].argmax())
             elif cand.numel() == 1:
                 out[i] = cand[0]
