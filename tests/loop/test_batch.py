@@ -148,6 +148,21 @@ def test_greedy_batch_equals_hf_batch_and_single_runs(arch: str, strategy: str, 
     assert mismatches(arch, strategy, draft) == []
 
 
+def test_a_greedy_batch_reads_its_argmaxes_through_the_screened_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU default: each round's likely chains get their argmaxes from the screened head in one
+    call for the batch (counted at the batch's own call), and the batch stays exact."""
+    screened: list[bool] = []
+    real = batch_loop.batch_lazy_logits
+
+    def spy(hidden, trees, head, vocab, argmax=None):
+        screened.append(argmax is not None)
+        return real(hidden, trees, head, vocab, argmax)
+
+    monkeypatch.setattr(batch_loop, "batch_lazy_logits", spy)
+    assert mismatches("llama", "dynatree", "perturbed") == []
+    assert screened and all(screened)
+
+
 def test_batch_rows_really_speculate() -> None:
     """Guards the setup: with a draft model the rows commit several tokens per round (deep trees are
     verified, not plain steps), and not in lockstep."""

@@ -117,15 +117,26 @@ class LazyLogits:
 
 
 def batch_lazy_logits(hidden: torch.Tensor, trees: Sequence[TokenTree], head: Callable[[torch.Tensor], torch.Tensor],
-                      vocab_size: int) -> list[LazyLogits]:
+                      vocab_size: int, argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[LazyLogits]:
     """A batch's verify output ``hidden`` ``[B, N, H]`` as one :class:`LazyLogits` per row, with the
     rows acceptance most likely reads (each tree's :func:`likely_chain`) computed in ONE head
     call for the whole batch: the head's weights are read once, not once per row (SmolLM2's head
     is 113 MB in fp32, a large part of a batched step on a CPU). A walk that leaves the likely
-    chain computes its other rows when it reads them."""
+    chain computes its other rows when it reads them. With ``argmax`` (a screened head), the
+    chains' argmaxes in that one call instead, and an off-chain row's argmax when read."""
     chains = [likely_chain(t) for t in trees]
     flat = torch.cat([torch.as_tensor(c) + j * hidden.shape[1] for j, c in enumerate(chains)])
-    rows = head(hidden.reshape(-1, hidden.shape[-1])[flat.to(hidden.device)])[:, :vocab_size].float()
+    picked = hidden.reshape(-1, hidden.shape[-1])[flat.to(hidden.device)]
+    if argmax is not None:
+        best, k, out = argmax(picked).tolist(), 0, []
+        for j, (t, c) in enumerate(zip(trees, chains)):
+            lazy = LazyLogits(hidden[j, : t.size], head, vocab_size, batch_rows=0, argmax=argmax)
+            for node in c:
+                lazy._argmax[node] = best[k]
+                k += 1
+            out.append(lazy)
+        return out
+    rows = head(picked)[:, :vocab_size].float()
     out, k = [], 0
     for j, (t, c) in enumerate(zip(trees, chains)):
         lazy = LazyLogits(hidden[j, : t.size], head, vocab_size, batch_rows=0)  # (off the chain: row by row)

@@ -368,7 +368,8 @@ def decode_batch(target: BatchedKV, proposers: list[Proposer | None], prompts: l
         t1 = clock()
         # 2. Verify: ONE target forward over every running row's tree.
         if run.lazy_head:  # (the head on the rows acceptance reads, in one call for the batch)
-            logits = batch_lazy_logits(target.verify(trees, hidden=True), trees, target.apply_head, target.vocab_size)
+            logits = batch_lazy_logits(target.verify(trees, hidden=True), trees, target.apply_head, target.vocab_size,
+                                       target.head_argmax if run.screened_head else None)
         else:
             logits = [x[: t.size] for x, t in zip(target.verify(trees), trees)]
         t2 = clock()

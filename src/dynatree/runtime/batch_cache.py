@@ -32,6 +32,7 @@ from dynatree.errors import DynaTreeError
 from dynatree.options import LinearPlan
 from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan, head_layout, new_cache, plain_head
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
+from dynatree.runtime.kernels.screened_head import for_head
 from dynatree.runtime.window import attention_layout
 from dynatree.tuning import BATCH_PREFILL_ROW_LENGTH, BATCH_PREFILL_ROW_PADDING
 
@@ -100,6 +101,14 @@ class BatchedKV:
         plan's kernels of that many rows for the head alone."""
         with head_layout(self.linear_plan, hidden.numel() // hidden.shape[-1]):
             return self.head(hidden)
+
+    def head_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax of the head's logits on each row of ``hidden`` ``[rows, H]``: through the
+        head's int8 screen where it applies (as :meth:`CachedModel.head_argmax`), else from the logits."""
+        screened = for_head(self.head, self.vocab_size) if self.device.type == "cpu" else None
+        if screened is None:
+            return self.apply_head(hidden)[..., : self.vocab_size].argmax(-1).view(-1)
+        return screened.argmax(hidden, self.apply_head)
 
     # ------------------------------------------------------------------------------ calls
     def prefill(self, prompts: Sequence[Sequence[int]]) -> None:
