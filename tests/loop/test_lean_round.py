@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from dynatree.loop.generate import StopText
-from dynatree.core.tree import TreeBuilder
+from dynatree.core.tree import TokenTree, TreeBuilder
 from dynatree.core.verify import LazyLogits, greedy_accept, likely_chain
 
 
@@ -54,19 +54,25 @@ def test_the_likely_chain_follows_the_largest_logq():
     assert likely_chain(TreeBuilder(3).freeze()) == [0]
 
 
-def test_a_large_tree_walk_along_the_likely_chain_costs_one_head_call():
-    """Greedy acceptance of a long accepted chain (what the text source drafts): one call for the
-    whole walk, not one per accepted node, and the same decision as full logits."""
+def agreeing_chain() -> tuple[TokenTree, torch.Tensor, torch.Tensor]:
+    """(tree, hidden, weight): a 6-level chain tree whose target agrees with its likely chain for 4
+    levels, then picks a token no child has."""
     tree = chain_tree(6).freeze()
     g = torch.Generator().manual_seed(2)
     hidden = torch.randn(tree.size, 8, generator=g)
     weight = torch.randn(80, 8, generator=g)
-    # make the target agree with the chain for 4 levels, then pick a token no child has
     chain = likely_chain(tree)
     wanted = [int(tree.tokens[c]) for c in chain[1:5]] + [77]
     for node, token in zip(chain, wanted):
-        weight_row = hidden[node] / hidden[node].norm() ** 2 * 100.0
-        weight[token] = weight_row  # this row's logit dominates at that node
+        weight[token] = hidden[node] / hidden[node].norm() ** 2 * 100.0  # this row's logit dominates at that node
+    return tree, hidden, weight
+
+
+def test_a_large_tree_walk_along_the_likely_chain_costs_one_head_call():
+    """Greedy acceptance of a long accepted chain (what the text source drafts): one call for the
+    whole walk, not one per accepted node, and the same decision as full logits."""
+    tree, hidden, weight = agreeing_chain()
+    chain = likely_chain(tree)
     full = hidden @ weight.T
     expected = greedy_accept(tree, full)
     head = CountingHead(weight)
@@ -107,14 +113,8 @@ def test_a_small_trees_argmaxes_are_one_call_and_no_logits() -> None:
 def test_a_large_tree_walk_reads_argmaxes_along_the_likely_chain_in_one_call() -> None:
     """The walk of test_a_large_tree_walk_along_the_likely_chain_costs_one_head_call through a
     screened head: the same decision, one argmax call for the chain, no logits."""
-    tree = chain_tree(6).freeze()
-    g = torch.Generator().manual_seed(2)
-    hidden = torch.randn(tree.size, 8, generator=g)
-    weight = torch.randn(80, 8, generator=g)
+    tree, hidden, weight = agreeing_chain()
     chain = likely_chain(tree)
-    wanted = [int(tree.tokens[c]) for c in chain[1:5]] + [77]
-    for node, token in zip(chain, wanted):
-        weight[token] = hidden[node] / hidden[node].norm() ** 2 * 100.0
     expected = greedy_accept(tree, hidden @ weight.T)
     head, argmax = CountingHead(weight), CountingArgmax(weight, 80)
     got = greedy_accept(tree, LazyLogits(hidden, head, 80, argmax=argmax))
