@@ -483,14 +483,14 @@ def _generate_batch(target: torch.nn.Module, draft: Any, prompts: list[list[int]
         else:
             target_kv = BatchedKV(target, vocab, plan or False)
         drafts = BatchDrafts(len(prompts), vocab, plan or False)  # (the rows' draft calls run together)
+        lazy_head = _lazy_head(options, target_kv)
         # The batch's whole setup in one frozen context (each row's proposer gets a copy with its
         # own policy and sampler: batch.open_row_proposers).
         context = RunContext(
             target, target_kv, vocab, options, max(map(len, prompts)) + max_new_tokens,
             allow_vocab_mismatch=allow_vocab_mismatch, strategy=policy.name, max_new_tokens=max_new_tokens,
             stop=_eos_set(target, stopping.eos_token_id), stop_text=stop_text, sampling=sampling,
-            lazy_head=_lazy_head(options, target_kv),
-            screened_head=_screened_head(options, _lazy_head(options, target_kv)),
+            lazy_head=lazy_head, screened_head=_screened_head(options, lazy_head),
             backoff=_pacer(backoff, proposer_cls is not None and sampling.greedy),
             pad_token_id=batch.pad_token(target, stopping.pad_token_id, stopping.eos_token_id),
             tree_rows=batch.BATCH_TREE_ROWS, draft_kv=drafts)

@@ -30,9 +30,8 @@ from transformers import DynamicCache
 from dynatree.core.tree import TokenTree, ancestor_matrix
 from dynatree.errors import DynaTreeError
 from dynatree.options import LinearPlan
-from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan, head_layout, new_cache, plain_head
+from dynatree.runtime.cache import CachedModel, few_row_layout, few_row_plan, head_argmax, head_layout, new_cache, plain_head
 from dynatree.runtime.kernels.grouped_kv import applies as grouped_kv_applies, grouped_kv
-from dynatree.runtime.kernels.screened_head import for_head
 from dynatree.runtime.window import attention_layout
 from dynatree.tuning import BATCH_PREFILL_ROW_LENGTH, BATCH_PREFILL_ROW_PADDING
 
@@ -105,10 +104,7 @@ class BatchedKV:
     def head_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax of the head's logits on each row of ``hidden`` ``[rows, H]``: through the
         head's int8 screen where it applies (as :meth:`CachedModel.head_argmax`), else from the logits."""
-        screened = for_head(self.head, self.vocab_size) if self.device.type == "cpu" else None
-        if screened is None:
-            return self.apply_head(hidden)[..., : self.vocab_size].argmax(-1).view(-1)
-        return screened.argmax(hidden, self.apply_head)
+        return head_argmax(self, hidden)
 
     # ------------------------------------------------------------------------------ calls
     def prefill(self, prompts: Sequence[Sequence[int]]) -> None:

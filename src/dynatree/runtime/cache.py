@@ -140,6 +140,18 @@ def few_row_layout(plan: LinearPlan | None, rows: int | None = None) -> contextl
     return SmallBatchLinear(plan=plan)
 
 
+def head_argmax(kv: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The argmax of ``kv``'s head over its vocabulary on each row of ``hidden`` (a single or a
+    batched cache: its ``model``, ``head``, ``vocab_size``, ``device`` and ``apply_head``): through
+    the head's int8 screen where it applies, else from the logits."""
+    screened = None
+    if kv.device.type == "cpu" and not distributed.is_sharded(kv.model):
+        screened = for_head(kv.head, kv.vocab_size)
+    if screened is None:
+        return kv.apply_head(hidden)[..., : kv.vocab_size].argmax(-1).view(-1)
+    return screened.argmax(hidden, kv.apply_head)
+
+
 def head_layout(plan: LinearPlan | None, rows: int) -> contextlib.AbstractContextManager:
     """The kernels of a call of the LM head alone on ``rows`` final hidden states (the lazy
     head's): the plan's own bands for the head (:meth:`LinearPlan.head_plan`)."""
@@ -206,12 +218,7 @@ class CachedModel:
         """The argmax of the head's logits on each row of ``hidden``: through the head's int8
         screen where it applies (:mod:`dynatree.runtime.kernels.screened_head`: fp32 weights on a
         CPU, this machine's int8 product exact; not a head sharded over ranks), else from the logits."""
-        screened = None
-        if self.device.type == "cpu" and not distributed.is_sharded(self.model):
-            screened = for_head(self.head, self.vocab_size)
-        if screened is None:
-            return self.apply_head(hidden)[..., : self.vocab_size].argmax(-1).view(-1)
-        return screened.argmax(hidden, self.apply_head)
+        return head_argmax(self, hidden)
 
     @property
     def length(self) -> int:
